@@ -1,0 +1,715 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+)
+
+// Expected outcomes, mapped to HTTP statuses in one place (handlers.go).
+var (
+	errNotFound    = errors.New("not found")
+	errUnavailable = errors.New("database unavailable")
+	errClosed      = errors.New("store is closed")
+)
+
+// stateError says an operation does not apply to the button's current state
+// (update or delete of a deleted button, restore of an active one).
+type stateError struct{ reason string }
+
+func (e *stateError) Error() string { return e.reason }
+
+const (
+	stateActive  = "active"
+	stateDeleted = "deleted"
+
+	// timeLayout is how every time is stored and rendered: RFC 3339, UTC, milliseconds.
+	timeLayout = "2006-01-02T15:04:05.000Z07:00"
+
+	// maxBatch bounds how many waiting writes share one transaction and one fsync.
+	maxBatch = 256
+)
+
+// button is one stored payment button configuration. Optional values use their
+// zero value for "absent": Description "", BillingInterval "", FeeBasisPoints 0
+// (a fee, when present, is at least 0.01% = 1 basis point).
+type button struct {
+	ID              string
+	Account         string
+	ProductName     string
+	Description     string
+	AmountMinor     int64 // in the currency's minor unit (cents for USD, yen for JPY)
+	Currency        string
+	BillingInterval string // "day", "week", "month", "year" or ""
+	PaymentMethod   string
+	PaymentType     string // "one_time" or "subscription"
+	IsLive          bool
+	FeeBasisPoints  int64 // ApplicationFeePercentage in hundredths of a percent: 2.50% = 250
+	State           string
+	Version         int64
+	CreatedAt       time.Time
+	UpdatedAt       time.Time
+	DeletedAt       time.Time // zero while active
+}
+
+// apiKey is a key's public record; the secret itself is never stored.
+type apiKey struct {
+	ID         string
+	Account    string
+	CreatedAt  time.Time
+	LastUsedAt time.Time // zero if never used
+	RevokedAt  time.Time // zero while valid
+}
+
+// actor is who asks for a change: the account scopes every query, the key and
+// request ids go into the audit trail.
+type actor struct {
+	Account   string
+	KeyID     string
+	RequestID string
+}
+
+// store owns the SQLite file: one writer connection fed by a single goroutine
+// that commits waiting writes together (group commit), and a pool of read-only
+// connections that never wait behind it (WAL).
+type store struct {
+	writer  *sql.DB
+	reader  *sql.DB
+	writes  chan writeOp
+	quit    chan struct{}
+	stopped chan struct{}
+	ids     idGenerator
+
+	closeOnce sync.Once
+	closeErr  error
+
+	// lastUsedMu guards lastUsedSaved: the last time each key's last_used_at was
+	// written, so a busy key costs one write a minute, not one a request.
+	lastUsedMu    sync.Mutex
+	lastUsedSaved map[string]time.Time
+}
+
+// writeOp is one caller's change; the writer runs it inside a shared transaction
+// under its own savepoint and sends its result on done. fn must not use the
+// caller's context: SQLite answers an interrupted write by rolling back the
+// whole transaction, which would fail every other caller in the batch.
+type writeOp struct {
+	fn   func(tx *sql.Tx) error
+	done chan error
+}
+
+// openStore opens (creating if needed) the database at path, applies pending
+// migrations and starts the writer. It fails if the directory does not exist,
+// the file is not a SQLite database, or its schema is newer than this binary.
+func openStore(path string) (*store, error) {
+	dir := filepath.Dir(path)
+	if info, err := os.Stat(dir); err != nil || !info.IsDir() {
+		return nil, fmt.Errorf("database directory %q does not exist", dir)
+	}
+	// Pragmas live in the DSN so that every pooled connection gets them.
+	common := "?_pragma=busy_timeout(5000)&_pragma=foreign_keys(1)"
+	writer, err := sql.Open("sqlite", path+common+
+		"&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_txlock=immediate")
+	if err != nil {
+		return nil, err
+	}
+	writer.SetMaxOpenConns(1)
+	writer.SetConnMaxLifetime(0)
+	writer.SetConnMaxIdleTime(0)
+	if err := migrate(writer); err != nil {
+		writer.Close()
+		return nil, fmt.Errorf("database %q: %w", path, err)
+	}
+	reader, err := sql.Open("sqlite", path+common+"&_pragma=query_only(1)")
+	if err != nil {
+		writer.Close()
+		return nil, err
+	}
+	reader.SetMaxOpenConns(8)
+	reader.SetMaxIdleConns(8)
+	s := &store{
+		writer:        writer,
+		reader:        reader,
+		writes:        make(chan writeOp),
+		quit:          make(chan struct{}),
+		stopped:       make(chan struct{}),
+		lastUsedSaved: map[string]time.Time{},
+	}
+	go s.runWriter()
+	return s, nil
+}
+
+// close stops the writer, checkpoints the WAL into the main file and closes
+// every connection; later calls return the first call's result. Writes asked
+// for after close fail with errClosed.
+func (s *store) close() error {
+	s.closeOnce.Do(func() {
+		close(s.quit)
+		<-s.stopped
+		_, cerr := s.writer.Exec("PRAGMA wal_checkpoint(TRUNCATE)")
+		s.closeErr = errors.Join(cerr, s.reader.Close(), s.writer.Close())
+	})
+	return s.closeErr
+}
+
+// migrations are applied in order, each in its own transaction; PRAGMA
+// user_version counts how many a database has had. Never edit one that has
+// shipped: add the next.
+var migrations = []string{
+	// 1: keys and buttons.
+	`CREATE TABLE api_keys (
+		id           TEXT PRIMARY KEY,
+		account      TEXT NOT NULL,
+		secret_hash  BLOB NOT NULL UNIQUE,
+		created_at   TEXT NOT NULL,
+		last_used_at TEXT,
+		revoked_at   TEXT
+	) STRICT;
+	CREATE TABLE buttons (
+		id               TEXT PRIMARY KEY,
+		account          TEXT NOT NULL,
+		product_name     TEXT NOT NULL,
+		description      TEXT,
+		amount_minor     INTEGER NOT NULL,
+		currency         TEXT NOT NULL,
+		billing_interval TEXT,
+		payment_method   TEXT NOT NULL,
+		payment_type     TEXT NOT NULL,
+		is_live          INTEGER NOT NULL,
+		fee_basis_points INTEGER,
+		state            TEXT NOT NULL CHECK (state IN ('active', 'deleted')),
+		version          INTEGER NOT NULL,
+		created_at       TEXT NOT NULL,
+		updated_at       TEXT NOT NULL,
+		deleted_at       TEXT
+	) STRICT;
+	CREATE INDEX buttons_by_account ON buttons (account, id);`,
+}
+
+// migrate brings db's schema up to date. It fails on a file that is not a
+// database or whose schema is newer than this binary knows.
+func migrate(db *sql.DB) error {
+	var version int
+	if err := db.QueryRow("PRAGMA user_version").Scan(&version); err != nil {
+		return describeOpenError(err)
+	}
+	if version > len(migrations) {
+		return fmt.Errorf("schema version %d is newer than this paybuttons knows (%d)", version, len(migrations))
+	}
+	for i := version; i < len(migrations); i++ {
+		if err := applyMigration(db, i+1, migrations[i]); err != nil {
+			return fmt.Errorf("migration %d: %w", i+1, describeOpenError(err))
+		}
+	}
+	return nil
+}
+
+// applyMigration runs one migration and records its number in one transaction.
+func applyMigration(db *sql.DB, number int, schema string) error {
+	tx, err := db.Begin()
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if _, err := tx.Exec(schema); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(fmt.Sprintf("PRAGMA user_version = %d", number)); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// describeOpenError turns SQLite's first complaint about a file into a sentence.
+func describeOpenError(err error) error {
+	switch sqliteCode(err) {
+	case sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT:
+		return errors.New("not a SQLite database, or corrupt")
+	case sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PERM, sqlite3.SQLITE_READONLY:
+		return errors.New("cannot be opened for reading and writing")
+	}
+	return err
+}
+
+// sqliteCode is the primary SQLite result code behind err, or 0.
+func sqliteCode(err error) int {
+	var e *sqlite.Error
+	if errors.As(err, &e) {
+		return e.Code() & 0xff
+	}
+	return 0
+}
+
+// classify maps the faults a client should retry (the write lock held past
+// busy_timeout, a full disk) to errUnavailable and leaves the rest alone.
+func classify(err error) error {
+	switch sqliteCode(err) {
+	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_FULL:
+		return fmt.Errorf("%w: %v", errUnavailable, err)
+	}
+	return err
+}
+
+// write runs fn in the writer's next transaction and returns fn's error, or
+// the commit's. Once handed over, the write is waited for even if ctx ends, so
+// the caller never reports failure for a change that was committed.
+func (s *store) write(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	op := writeOp{fn: fn, done: make(chan error, 1)}
+	select {
+	case s.writes <- op:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.quit:
+		return errClosed
+	}
+	return <-op.done
+}
+
+// runWriter takes every write that is waiting, up to maxBatch, and commits
+// them in one transaction: one fsync for all of them.
+func (s *store) runWriter() {
+	defer close(s.stopped)
+	for {
+		var batch []writeOp
+		select {
+		case op := <-s.writes:
+			batch = append(batch, op)
+		case <-s.quit:
+			return
+		}
+	waiting:
+		for len(batch) < maxBatch {
+			select {
+			case op := <-s.writes:
+				batch = append(batch, op)
+			default:
+				break waiting
+			}
+		}
+		results := s.commitBatch(batch)
+		for i, op := range batch {
+			op.done <- results[i]
+		}
+	}
+}
+
+// commitBatch runs each op under its own savepoint, so an op that fails is
+// rolled back alone and its neighbours still commit. If the transaction itself
+// fails (begin, a lost savepoint, commit), every op gets that error and nothing
+// of the batch is stored.
+func (s *store) commitBatch(batch []writeOp) []error {
+	ctx := context.Background() // one caller going away must not abort the others
+	results := make([]error, len(batch))
+	failAll := func(err error) []error {
+		for i := range results {
+			results[i] = classify(err)
+		}
+		return results
+	}
+	tx, err := s.writer.BeginTx(ctx, nil)
+	if err != nil {
+		return failAll(err)
+	}
+	defer tx.Rollback()
+	for i, op := range batch {
+		if _, err := tx.Exec("SAVEPOINT op"); err != nil {
+			return failAll(err)
+		}
+		if results[i] = op.fn(tx); results[i] != nil {
+			results[i] = classify(results[i])
+			// SQLite may roll back the whole transaction on some errors (a
+			// full disk, for one); then the savepoint is gone and so is
+			// everything before it.
+			if _, err := tx.Exec("ROLLBACK TO op"); err != nil {
+				return failAll(results[i])
+			}
+		}
+		if _, err := tx.Exec("RELEASE op"); err != nil {
+			return failAll(err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return failAll(err)
+	}
+	return results
+}
+
+// now is the one clock every stored time comes from.
+func now() time.Time { return time.Now().UTC().Truncate(time.Millisecond) }
+
+func formatTime(t time.Time) string { return t.UTC().Format(timeLayout) }
+
+// nullTime stores the zero time as NULL.
+func nullTime(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return formatTime(t)
+}
+
+// nullString stores "" as NULL.
+func nullString(v string) any {
+	if v == "" {
+		return nil
+	}
+	return v
+}
+
+// nullInt stores 0 as NULL.
+func nullInt(v int64) any {
+	if v == 0 {
+		return nil
+	}
+	return v
+}
+
+// parseTime reads a stored time; NULL is the zero time.
+func parseTime(v sql.NullString) (time.Time, error) {
+	if !v.Valid {
+		return time.Time{}, nil
+	}
+	return time.Parse(timeLayout, v.String)
+}
+
+// --- keys ---
+
+// createKey mints a key for account and returns the secret, shown once, and the
+// key's id. Only the secret's SHA-256 is stored.
+func (s *store) createKey(ctx context.Context, account string) (secret, id string, err error) {
+	raw := make([]byte, 32)
+	rand.Read(raw)
+	secret = "pbk_" + base64.RawURLEncoding.EncodeToString(raw)
+	id = "key_" + randomCrockford(16)
+	hash := sha256.Sum256([]byte(secret))
+	err = s.write(ctx, func(tx *sql.Tx) error {
+		_, err := tx.Exec(
+			`INSERT INTO api_keys (id, account, secret_hash, created_at) VALUES (?, ?, ?, ?)`,
+			id, account, hash[:], formatTime(now()))
+		return err
+	})
+	if err != nil {
+		return "", "", err
+	}
+	return secret, id, nil
+}
+
+// countKeys returns how many keys exist, revoked ones included.
+func (s *store) countKeys(ctx context.Context) (int, error) {
+	var n int
+	err := s.reader.QueryRowContext(ctx, `SELECT count(*) FROM api_keys`).Scan(&n)
+	return n, classify(err)
+}
+
+// listKeys returns every key, oldest first.
+func (s *store) listKeys(ctx context.Context) ([]apiKey, error) {
+	rows, err := s.reader.QueryContext(ctx,
+		`SELECT id, account, created_at, last_used_at, revoked_at FROM api_keys ORDER BY created_at, id`)
+	if err != nil {
+		return nil, classify(err)
+	}
+	defer rows.Close()
+	var keys []apiKey
+	for rows.Next() {
+		var k apiKey
+		var created, lastUsed, revoked sql.NullString
+		if err := rows.Scan(&k.ID, &k.Account, &created, &lastUsed, &revoked); err != nil {
+			return nil, err
+		}
+		if k.CreatedAt, err = parseTime(created); err != nil {
+			return nil, err
+		}
+		if k.LastUsedAt, err = parseTime(lastUsed); err != nil {
+			return nil, err
+		}
+		if k.RevokedAt, err = parseTime(revoked); err != nil {
+			return nil, err
+		}
+		keys = append(keys, k)
+	}
+	return keys, rows.Err()
+}
+
+// revokeKey revokes the key with id; it returns errNotFound for an unknown id.
+// Revoking a revoked key changes nothing and is not an error.
+func (s *store) revokeKey(ctx context.Context, id string) error {
+	return s.write(ctx, func(tx *sql.Tx) error {
+		res, err := tx.Exec(
+			`UPDATE api_keys SET revoked_at = coalesce(revoked_at, ?) WHERE id = ?`,
+			formatTime(now()), id)
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return errNotFound
+		}
+		return nil
+	})
+}
+
+// authenticate returns the live key whose secret this is. Unknown and revoked
+// keys are both errNotFound. It reads the database every time, so a revoke from
+// another process takes effect on the very next request.
+func (s *store) authenticate(ctx context.Context, secret string) (apiKey, error) {
+	hash := sha256.Sum256([]byte(secret))
+	var k apiKey
+	err := s.reader.QueryRowContext(ctx,
+		`SELECT id, account FROM api_keys WHERE secret_hash = ? AND revoked_at IS NULL`,
+		hash[:]).Scan(&k.ID, &k.Account)
+	if errors.Is(err, sql.ErrNoRows) {
+		return apiKey{}, errNotFound
+	}
+	if err != nil {
+		return apiKey{}, classify(err)
+	}
+	s.noteKeyUsed(k.ID)
+	return k, nil
+}
+
+// noteKeyUsed records a key's last use at most once a minute, in the
+// background, so that reads do not each cost a write.
+func (s *store) noteKeyUsed(id string) {
+	t := now()
+	s.lastUsedMu.Lock()
+	fresh := t.Sub(s.lastUsedSaved[id]) < time.Minute
+	if !fresh {
+		s.lastUsedSaved[id] = t
+	}
+	s.lastUsedMu.Unlock()
+	if fresh {
+		return
+	}
+	go s.write(context.Background(), func(tx *sql.Tx) error {
+		_, err := tx.Exec(`UPDATE api_keys SET last_used_at = ? WHERE id = ?`, formatTime(t), id)
+		return err
+	})
+}
+
+// --- buttons ---
+
+const buttonColumns = `id, account, product_name, description, amount_minor, currency,
+	billing_interval, payment_method, payment_type, is_live, fee_basis_points,
+	state, version, created_at, updated_at, deleted_at`
+
+// scanButton reads one row selected with buttonColumns.
+func scanButton(row interface{ Scan(...any) error }) (button, error) {
+	var b button
+	var description, interval, created, updated, deleted sql.NullString
+	var fee sql.NullInt64
+	err := row.Scan(&b.ID, &b.Account, &b.ProductName, &description, &b.AmountMinor, &b.Currency,
+		&interval, &b.PaymentMethod, &b.PaymentType, &b.IsLive, &fee,
+		&b.State, &b.Version, &created, &updated, &deleted)
+	if errors.Is(err, sql.ErrNoRows) {
+		return button{}, errNotFound
+	}
+	if err != nil {
+		return button{}, classify(err)
+	}
+	b.Description, b.BillingInterval, b.FeeBasisPoints = description.String, interval.String, fee.Int64
+	if b.CreatedAt, err = parseTime(created); err != nil {
+		return button{}, err
+	}
+	if b.UpdatedAt, err = parseTime(updated); err != nil {
+		return button{}, err
+	}
+	if b.DeletedAt, err = parseTime(deleted); err != nil {
+		return button{}, err
+	}
+	return b, nil
+}
+
+// getButton returns account's button with id, deleted or not, or errNotFound
+// (also for another account's button, and for ids of the wrong form).
+func (s *store) getButton(ctx context.Context, account, id string) (button, error) {
+	if !validButtonID(id) {
+		return button{}, errNotFound
+	}
+	return scanButton(s.reader.QueryRowContext(ctx,
+		`SELECT `+buttonColumns+` FROM buttons WHERE id = ? AND account = ?`, id, account))
+}
+
+// createButton stores b as a new active button of the actor's account and
+// returns it with its id, version and times filled in.
+func (s *store) createButton(ctx context.Context, who actor, b button) (button, error) {
+	b.ID = s.ids.next()
+	b.Account = who.Account
+	b.State = stateActive
+	b.Version = 1
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		b.CreatedAt = now()
+		b.UpdatedAt = b.CreatedAt
+		_, err := tx.Exec(`INSERT INTO buttons (`+buttonColumns+`)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			b.ID, b.Account, b.ProductName, nullString(b.Description), b.AmountMinor, b.Currency,
+			nullString(b.BillingInterval), b.PaymentMethod, b.PaymentType, b.IsLive, nullInt(b.FeeBasisPoints),
+			b.State, b.Version, formatTime(b.CreatedAt), formatTime(b.UpdatedAt), nil)
+		return err
+	})
+	if err != nil {
+		return button{}, err
+	}
+	return b, nil
+}
+
+// updateButton reads the actor's button, lets change edit it, and stores the
+// result as the next version. It returns errNotFound, a *stateError for a
+// deleted button, or change's own error; on any error nothing is stored.
+func (s *store) updateButton(ctx context.Context, who actor, id string, change func(*button) error) (button, error) {
+	return s.modifyButton(ctx, who, id, func(b *button) error {
+		if b.State != stateActive {
+			return &stateError{"button is deleted; restore it first"}
+		}
+		return change(b)
+	})
+}
+
+// deleteButton soft-deletes the actor's button: the row stays, marked deleted.
+// It returns errNotFound, or a *stateError if the button is already deleted.
+func (s *store) deleteButton(ctx context.Context, who actor, id string) (button, error) {
+	return s.modifyButton(ctx, who, id, func(b *button) error {
+		if b.State != stateActive {
+			return &stateError{"button is already deleted"}
+		}
+		b.State = stateDeleted
+		b.DeletedAt = now()
+		return nil
+	})
+}
+
+// restoreButton makes a deleted button of the actor's active again. It returns
+// errNotFound, or a *stateError if the button is not deleted.
+func (s *store) restoreButton(ctx context.Context, who actor, id string) (button, error) {
+	return s.modifyButton(ctx, who, id, func(b *button) error {
+		if b.State != stateDeleted {
+			return &stateError{"button is not deleted"}
+		}
+		b.State = stateActive
+		b.DeletedAt = time.Time{}
+		return nil
+	})
+}
+
+// modifyButton is the one read-check-write path behind update, delete and
+// restore: inside the writer's transaction it reads the row, applies change
+// and writes every column back with the version bumped.
+func (s *store) modifyButton(ctx context.Context, who actor, id string, change func(*button) error) (button, error) {
+	if !validButtonID(id) {
+		return button{}, errNotFound
+	}
+	var b button
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		var err error
+		b, err = scanButton(tx.QueryRow(
+			`SELECT `+buttonColumns+` FROM buttons WHERE id = ? AND account = ?`, id, who.Account))
+		if err != nil {
+			return err
+		}
+		if err := change(&b); err != nil {
+			return err
+		}
+		b.Version++
+		b.UpdatedAt = now()
+		_, err = tx.Exec(`UPDATE buttons SET
+				product_name = ?,
+				description = ?,
+				amount_minor = ?,
+				currency = ?,
+				fee_basis_points = ?,
+				state = ?,
+				version = ?,
+				updated_at = ?,
+				deleted_at = ?
+			WHERE id = ? AND account = ?`,
+			b.ProductName, nullString(b.Description), b.AmountMinor, b.Currency, nullInt(b.FeeBasisPoints),
+			b.State, b.Version, formatTime(b.UpdatedAt), nullTime(b.DeletedAt),
+			id, who.Account)
+		return err
+	})
+	if err != nil {
+		return button{}, err
+	}
+	return b, nil
+}
+
+// --- ids ---
+
+const crockford = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+// idGenerator makes button ids: "btn_" and 26 Crockford base32 characters
+// holding 48 bits of Unix milliseconds then 80 random bits. Within one
+// millisecond the random part counts up, so the ids one process makes are
+// strictly increasing and a list cursor never misses a button made after it.
+type idGenerator struct {
+	mu     sync.Mutex
+	lastMs uint64
+	last   [10]byte
+}
+
+func (g *idGenerator) next() string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	ms := uint64(time.Now().UnixMilli())
+	if ms > g.lastMs {
+		g.lastMs = ms
+		rand.Read(g.last[:])
+	} else {
+		// Same millisecond, or the clock stepped back: count up from the last id.
+		for i := len(g.last) - 1; i >= 0; i-- {
+			g.last[i]++
+			if g.last[i] != 0 {
+				break
+			}
+			if i == 0 { // 80 bits ran over: borrow the next millisecond
+				g.lastMs++
+			}
+		}
+	}
+	var b [16]byte
+	binary.BigEndian.PutUint64(b[:8], g.lastMs<<16)
+	copy(b[6:], g.last[:])
+	hi, lo := binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
+	var out [26]byte
+	for i := 25; i >= 0; i-- {
+		out[i] = crockford[lo&31]
+		lo = lo>>5 | hi<<59
+		hi >>= 5
+	}
+	return "btn_" + string(out[:])
+}
+
+// validButtonID reports whether id has the form next makes, so that anything
+// else is answered "not found" without a query.
+func validButtonID(id string) bool {
+	rest, ok := strings.CutPrefix(id, "btn_")
+	if !ok || len(rest) != 26 || rest[0] > '7' {
+		return false
+	}
+	for i := 0; i < len(rest); i++ {
+		if strings.IndexByte(crockford, rest[i]) < 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// randomCrockford returns n random Crockford base32 characters (5 bits each).
+func randomCrockford(n int) string {
+	raw := make([]byte, n)
+	rand.Read(raw)
+	for i, v := range raw {
+		raw[i] = crockford[v&31]
+	}
+	return string(raw)
+}

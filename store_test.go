@@ -1,0 +1,74 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+)
+
+func openTestStore(t *testing.T) *store {
+	t.Helper()
+	st, err := openStore(filepath.Join(t.TempDir(), "store.db"))
+	if err != nil {
+		t.Fatalf("openStore: %v", err)
+	}
+	t.Cleanup(func() { st.close() })
+	return st
+}
+
+// A write that fails after changing rows is rolled back alone: the writes
+// committed with it in the same batch keep their changes.
+func TestFailedWriteRollsBackAloneInItsBatch(t *testing.T) {
+	st := openTestStore(t)
+	boom := errors.New("boom")
+	var wg sync.WaitGroup
+	results := make([]error, 40)
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = st.write(context.Background(), func(tx *sql.Tx) error {
+				if _, err := tx.Exec(`INSERT INTO api_keys (id, account, secret_hash, created_at) VALUES (?, 'a', ?, 'now')`,
+					fmt.Sprintf("key_%d", i), []byte(fmt.Sprint(i))); err != nil {
+					return err
+				}
+				if i%2 == 1 {
+					return boom
+				}
+				return nil
+			})
+		}()
+	}
+	wg.Wait()
+	for i, err := range results {
+		if want := map[bool]error{true: boom, false: nil}[i%2 == 1]; !errors.Is(err, want) {
+			t.Errorf("write %d: got %v, want %v", i, err, want)
+		}
+		var n int
+		st.reader.QueryRow(`SELECT count(*) FROM api_keys WHERE id = ?`, fmt.Sprintf("key_%d", i)).Scan(&n)
+		if want := 1 - i%2; n != want {
+			t.Errorf("write %d: got %d rows, want %d", i, n, want)
+		}
+	}
+}
+
+func TestButtonIDsAreValidAndIncreasing(t *testing.T) {
+	var g idGenerator
+	prev := ""
+	for range 10000 {
+		id := g.next()
+		if !validButtonID(id) || id <= prev {
+			t.Fatalf("got %q after %q, want a valid id greater than the last", id, prev)
+		}
+		prev = id
+	}
+	for _, bad := range []string{"", "btn_", "btn_01JD00000000000000000000", "btn_01JD000000000000000000000U", "btn_81JD0000000000000000000000", "BTN_01JD0000000000000000000000", "btn_01jd0000000000000000000000"} {
+		if validButtonID(bad) {
+			t.Errorf("validButtonID(%q) = true, want false", bad)
+		}
+	}
+}
