@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math"
@@ -26,6 +29,7 @@ type server struct {
 	log          *slog.Logger
 	providerName string // the own processor's paymentMethod value
 	limiter      *rateLimiter
+	inFlight     claims // Idempotency-Keys whose first request is still running
 }
 
 // newServer returns the whole HTTP API. Every response, the mux's own 404 and
@@ -35,6 +39,8 @@ func newServer(st *store, log *slog.Logger, providerName string, limiter *rateLi
 	mux := http.NewServeMux()
 	mux.Handle("POST /product-payment/create", s.withKey(s.handleCreate))
 	mux.Handle("GET /product-payment/get/{id}", s.withKey(s.handleGet))
+	mux.Handle("GET /product-payment/list", s.withKey(s.handleList))
+	mux.Handle("GET /product-payment/history/{id}", s.withKey(s.handleHistory))
 	mux.Handle("POST /product-payment/update/{id}", s.withKey(s.handleUpdate))
 	mux.Handle("DELETE /product-payment/delete/{id}", s.withKey(s.handleDelete))
 	mux.Handle("POST /product-payment/restore/{id}", s.withKey(s.handleRestore))
@@ -52,11 +58,14 @@ func (s *server) handleCreate(w http.ResponseWriter, r *http.Request, who actor)
 		s.writeError(w, r, err)
 		return
 	}
-	b, err := decodeCreate(body, s.providerName)
-	if err == nil {
+	s.respond(w, r, who, body, "created", func(who actor) (string, error) {
+		b, err := decodeCreate(body, s.providerName)
+		if err != nil {
+			return "", s.store.reject(r.Context(), who, err)
+		}
 		b, err = s.store.createButton(r.Context(), who, b)
-	}
-	s.reply(w, r, b.ID, "created", err)
+		return b.ID, err
+	})
 }
 
 func (s *server) handleGet(w http.ResponseWriter, r *http.Request, who actor) {
@@ -69,6 +78,98 @@ func (s *server) handleGet(w http.ResponseWriter, r *http.Request, who actor) {
 	s.writeJSON(w, r, http.StatusOK, envelope{IsSuccess: true, Data: viewOf(b), Message: "ok"})
 }
 
+// listPage is the data of a list response.
+type listPage struct {
+	Items   []buttonView `json:"items"`
+	HasMore bool         `json:"hasMore"`
+	Next    *string      `json:"next"` // the after= of the next page
+}
+
+func (s *server) handleList(w http.ResponseWriter, r *http.Request, who actor) {
+	f, err := decodeListQuery(r.URL.RawQuery, s.providerName)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	page := f
+	page.Limit++ // one more than asked says whether there is a next page
+	buttons, err := s.store.listButtons(r.Context(), who.Account, page)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	data := listPage{HasMore: len(buttons) > f.Limit}
+	if data.HasMore {
+		buttons = buttons[:f.Limit]
+		data.Next = &buttons[len(buttons)-1].ID
+	}
+	data.Items = make([]buttonView, len(buttons))
+	for i, b := range buttons {
+		data.Items[i] = viewOf(b)
+	}
+	s.writeJSON(w, r, http.StatusOK, envelope{IsSuccess: true, Data: data, Message: "ok"})
+}
+
+// historyItem is one change as the history endpoint shows it.
+type historyItem struct {
+	At        string            `json:"at"`
+	Action    string            `json:"action"`
+	KeyID     string            `json:"keyId"`
+	RequestID string            `json:"requestId"`
+	Changes   map[string]change `json:"changes"`
+}
+
+type change struct {
+	From any `json:"from"`
+	To   any `json:"to"`
+}
+
+func (s *server) handleHistory(w http.ResponseWriter, r *http.Request, who actor) {
+	entries, err := s.store.buttonHistory(r.Context(), who.Account, r.PathValue("id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	items := make([]historyItem, len(entries))
+	var before map[string]any // nothing before the create
+	for i, e := range entries {
+		after := auditedFields(e.Button)
+		items[i] = historyItem{At: formatTime(e.Button.UpdatedAt), Action: e.Action, KeyID: e.KeyID,
+			RequestID: e.RequestID, Changes: map[string]change{}}
+		for name, to := range after {
+			if from := before[name]; from != to {
+				items[i].Changes[name] = change{from, to}
+			}
+		}
+		before = after
+	}
+	s.writeJSON(w, r, http.StatusOK, envelope{IsSuccess: true, Data: map[string]any{"items": items}, Message: "ok"})
+}
+
+// auditedFields are a button's fields as get renders them, the ones history
+// reports changes of (version and times change every time, so they are left out).
+func auditedFields(b button) map[string]any {
+	v := viewOf(b)
+	orNull := func(s *string) any {
+		if s == nil {
+			return nil
+		}
+		return *s
+	}
+	return map[string]any{
+		"productName":              v.ProductName,
+		"description":              orNull(v.Description),
+		"amount":                   v.Amount,
+		"currency":                 v.Currency,
+		"billingInterval":          orNull(v.BillingInterval),
+		"paymentMethod":            v.PaymentMethod,
+		"paymentType":              v.PaymentType,
+		"isLive":                   v.IsLive,
+		"ApplicationFeePercentage": orNull(v.ApplicationFeePercentage),
+		"state":                    v.State,
+	}
+}
+
 func (s *server) handleUpdate(w http.ResponseWriter, r *http.Request, who actor) {
 	id := r.PathValue("id")
 	body, err := readBody(w, r)
@@ -76,32 +177,147 @@ func (s *server) handleUpdate(w http.ResponseWriter, r *http.Request, who actor)
 		s.writeError(w, r, err)
 		return
 	}
-	u, err := decodeUpdate(body)
-	if err == nil {
-		_, err = s.store.updateButton(r.Context(), who, id, u.apply)
-	}
-	s.reply(w, r, id, "updated", err)
+	s.respond(w, r, who, body, "updated", func(who actor) (string, error) {
+		ifMatch, err := parseIfMatch(r.Header.Get("If-Match"))
+		if err == nil {
+			var u updateRequest
+			if u, err = decodeUpdate(body); err == nil {
+				_, err = s.store.updateButton(r.Context(), who, id, ifMatch, u.apply)
+				return id, err
+			}
+		}
+		return id, s.store.reject(r.Context(), who, err)
+	})
 }
 
 func (s *server) handleDelete(w http.ResponseWriter, r *http.Request, who actor) {
 	id := r.PathValue("id")
-	_, err := s.store.deleteButton(r.Context(), who, id)
-	s.reply(w, r, id, "deleted", err)
+	s.respond(w, r, who, nil, "deleted", func(who actor) (string, error) {
+		ifMatch, err := parseIfMatch(r.Header.Get("If-Match"))
+		if err != nil {
+			return id, s.store.reject(r.Context(), who, err)
+		}
+		_, err = s.store.deleteButton(r.Context(), who, id, ifMatch)
+		return id, err
+	})
 }
 
 func (s *server) handleRestore(w http.ResponseWriter, r *http.Request, who actor) {
 	id := r.PathValue("id")
-	_, err := s.store.restoreButton(r.Context(), who, id)
-	s.reply(w, r, id, "restored", err)
+	s.respond(w, r, who, nil, "restored", func(who actor) (string, error) {
+		ifMatch, err := parseIfMatch(r.Header.Get("If-Match"))
+		if err != nil {
+			return id, s.store.reject(r.Context(), who, err)
+		}
+		_, err = s.store.restoreButton(r.Context(), who, id, ifMatch)
+		return id, err
+	})
 }
 
-// reply answers a write: the button id and message on success, else the error.
+// respond runs op, the operation of a write request, and answers with its
+// outcome. With an Idempotency-Key, a repeat of a finished request gets the
+// first answer again, byte for byte; the same key with another request is a
+// 422, and while the first is still running a 409. The answer is stored by op
+// in the same transaction as its change.
+func (s *server) respond(w http.ResponseWriter, r *http.Request, who actor, body []byte, message string, op func(actor) (string, error)) {
+	key, given := r.Header["Idempotency-Key"]
+	if !given {
+		id, err := op(who)
+		s.reply(w, r, id, message, err)
+		return
+	}
+	if len(key) != 1 || !validIdempotencyKey(key[0]) {
+		s.writeError(w, r, newInvalidError(map[string]string{
+			"Idempotency-Key": "must be 1 to 255 printable ASCII characters, sent once"}))
+		return
+	}
+	slot := who.Account + "\x00" + key[0]
+	if !s.inFlight.claim(slot) {
+		s.writeError(w, r, &apiError{http.StatusConflict, "idempotency_in_flight",
+			"a request with this Idempotency-Key is still running; retry shortly"})
+		return
+	}
+	defer s.inFlight.release(slot)
+	// Claimed first, looked up second: a first request that held the claim
+	// has committed its answer by the time the claim is free.
+	fingerprint := requestFingerprint(r, body)
+	prior, err := s.store.findResponse(r.Context(), who.Account, key[0])
+	switch {
+	case err == nil && !bytes.Equal(prior.Fingerprint, fingerprint):
+		s.writeError(w, r, &apiError{http.StatusUnprocessableEntity, "idempotency_mismatch",
+			"this Idempotency-Key was used with a different request"})
+		return
+	case err == nil:
+		w.Header().Set("Idempotent-Replayed", "true")
+		w.WriteHeader(prior.Status)
+		w.Write(prior.Body)
+		return
+	case !errors.Is(err, errNotFound):
+		s.writeError(w, r, err)
+		return
+	}
+	who.Idempotency = &idempotencyKey{Key: key[0], Fingerprint: fingerprint,
+		Answer: func(id string, err error) (int, []byte, bool) {
+			status, env := outcome(id, message, err)
+			body, encodeErr := json.Marshal(env)
+			return status, body, encodeErr == nil && status < 500
+		}}
+	id, err := op(who)
+	s.reply(w, r, id, message, err)
+}
+
+// requestFingerprint identifies a request for Idempotency-Key reuse: method,
+// path, query and body.
+func requestFingerprint(r *http.Request, body []byte) []byte {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\n%s\n%s\n", r.Method, r.URL.EscapedPath(), r.URL.RawQuery)
+	h.Write(body)
+	return h.Sum(nil)
+}
+
+// claims is a set of keys, each held by at most one request at a time.
+type claims struct {
+	mu   sync.Mutex
+	held map[string]bool
+}
+
+// claim takes k and reports whether it was free.
+func (c *claims) claim(k string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.held[k] {
+		return false
+	}
+	if c.held == nil {
+		c.held = map[string]bool{}
+	}
+	c.held[k] = true
+	return true
+}
+
+func (c *claims) release(k string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.held, k)
+}
+
+// reply answers a write with the outcome of its operation.
 func (s *server) reply(w http.ResponseWriter, r *http.Request, id, message string, err error) {
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	s.writeJSON(w, r, http.StatusOK, envelope{IsSuccess: true, Data: id, Message: message})
+	status, env := outcome(id, message, nil)
+	s.writeJSON(w, r, status, env)
+}
+
+// outcome is the status and envelope that answer a write: the button id and
+// message on success, else the error's.
+func outcome(id, message string, err error) (int, envelope) {
+	if err != nil {
+		return errorEnvelope(err)
+	}
+	return http.StatusOK, envelope{IsSuccess: true, Data: id, Message: message}
 }
 
 // buttonView is a button as the API shows it: amounts as decimal text in the
@@ -216,10 +432,9 @@ func (s *server) writeJSON(w http.ResponseWriter, r *http.Request, status int, v
 	w.Write(body)
 }
 
-// writeError is the one place an error becomes a status and a code. Details of
-// unexpected errors are logged with the request id; the client reads only
-// "internal error".
-func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+// errorEnvelope is the one place an error becomes a status and a code. An
+// unexpected error reads only "internal error".
+func errorEnvelope(err error) (int, envelope) {
 	env := envelope{Data: ""}
 	var status int
 	var invalid *invalidError
@@ -234,13 +449,27 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		status, env.Code, env.Message = http.StatusNotFound, "not_found", "no such button"
 	case errors.As(err, &wrongState):
 		status, env.Code, env.Message = http.StatusConflict, "wrong_state", wrongState.reason
+	case errors.Is(err, errPreconditionFailed):
+		status, env.Code, env.Message = http.StatusPreconditionFailed, "precondition_failed",
+			"the button has changed since the version in If-Match; get it again"
 	case errors.Is(err, errUnavailable), errors.Is(err, errClosed):
-		s.log.Warn("database unavailable", "requestId", requestID(r.Context()), "err", err)
-		w.Header().Set("Retry-After", "1")
 		status, env.Code, env.Message = http.StatusServiceUnavailable, "unavailable", "the database is busy; retry shortly"
 	default:
-		s.log.Error("internal error", "requestId", requestID(r.Context()), "err", err)
 		status, env.Code, env.Message = http.StatusInternalServerError, "internal", "internal error"
+	}
+	return status, env
+}
+
+// writeError answers with err's envelope. A 5xx is logged with the request id
+// and the details the client never sees; a 503 says when to retry.
+func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	status, env := errorEnvelope(err)
+	switch {
+	case status == http.StatusServiceUnavailable:
+		s.log.Warn("database unavailable", "requestId", requestID(r.Context()), "err", err)
+		w.Header().Set("Retry-After", "1")
+	case status >= 500:
+		s.log.Error("internal error", "requestId", requestID(r.Context()), "err", err)
 	}
 	s.writeJSON(w, r, status, env)
 }

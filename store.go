@@ -21,9 +21,10 @@ import (
 
 // Expected outcomes, mapped to HTTP statuses in one place (handlers.go).
 var (
-	errNotFound    = errors.New("not found")
-	errUnavailable = errors.New("database unavailable")
-	errClosed      = errors.New("store is closed")
+	errNotFound           = errors.New("not found")
+	errPreconditionFailed = errors.New("version does not match")
+	errUnavailable        = errors.New("database unavailable")
+	errClosed             = errors.New("store is closed")
 )
 
 // stateError says an operation does not apply to the button's current state
@@ -41,6 +42,9 @@ const (
 
 	// maxBatch bounds how many waiting writes share one transaction and one fsync.
 	maxBatch = 256
+
+	// idempotencyTTL is how long an answer stays replayable.
+	idempotencyTTL = 24 * time.Hour
 )
 
 // button is one stored payment button configuration. Optional values use their
@@ -80,6 +84,43 @@ type actor struct {
 	Account   string
 	KeyID     string
 	RequestID string
+	// Idempotency, when set, makes the write also keep its answer, in the same
+	// transaction as the change.
+	Idempotency *idempotencyKey
+}
+
+// idempotencyKey is a client's Idempotency-Key and what it needs stored.
+type idempotencyKey struct {
+	Key         string
+	Fingerprint []byte // hash of the request the key was first used with
+	// Answer renders the response to an outcome (the button id, or the error);
+	// keep is false for an answer that must not be replayed.
+	Answer func(id string, err error) (status int, body []byte, keep bool)
+}
+
+// storedResponse is an answer kept for an Idempotency-Key.
+type storedResponse struct {
+	Fingerprint []byte
+	Status      int
+	Body        []byte
+}
+
+// historyEntry is one change to a button: who made it and the button as it was
+// right after.
+type historyEntry struct {
+	Action    string // "create", "update", "delete" or "restore"
+	KeyID     string
+	RequestID string
+	Button    button // Button.UpdatedAt is when the change was made
+}
+
+// listFilter selects a page of an account's buttons, newest first.
+type listFilter struct {
+	Limit         int
+	After         string // the last id of the previous page, or ""
+	State         string // stateActive, stateDeleted or "" for both
+	IsLive        *bool
+	PaymentMethod string // "" for any
 }
 
 // store owns the SQLite file: one writer connection fed by a single goroutine
@@ -149,6 +190,7 @@ func openStore(path string) (*store, error) {
 		lastUsedSaved: map[string]time.Time{},
 	}
 	go s.runWriter()
+	go s.runPurger(10 * time.Minute)
 	return s, nil
 }
 
@@ -197,6 +239,41 @@ var migrations = []string{
 		deleted_at       TEXT
 	) STRICT;
 	CREATE INDEX buttons_by_account ON buttons (account, id);`,
+
+	// 2: history, idempotency keys, and an index for listing by state.
+	`CREATE TABLE button_history (
+		button_id        TEXT NOT NULL,
+		version          INTEGER NOT NULL,
+		account          TEXT NOT NULL,
+		action           TEXT NOT NULL CHECK (action IN ('create', 'update', 'delete', 'restore')),
+		key_id           TEXT NOT NULL,
+		request_id       TEXT NOT NULL,
+		product_name     TEXT NOT NULL,
+		description      TEXT,
+		amount_minor     INTEGER NOT NULL,
+		currency         TEXT NOT NULL,
+		billing_interval TEXT,
+		payment_method   TEXT NOT NULL,
+		payment_type     TEXT NOT NULL,
+		is_live          INTEGER NOT NULL,
+		fee_basis_points INTEGER,
+		state            TEXT NOT NULL,
+		created_at       TEXT NOT NULL,
+		updated_at       TEXT NOT NULL,
+		deleted_at       TEXT,
+		PRIMARY KEY (button_id, version)
+	) STRICT, WITHOUT ROWID;
+	CREATE TABLE idempotency_keys (
+		account     TEXT NOT NULL,
+		key         TEXT NOT NULL,
+		fingerprint BLOB NOT NULL,
+		status      INTEGER NOT NULL,
+		body        BLOB NOT NULL,
+		created_at  TEXT NOT NULL,
+		PRIMARY KEY (account, key)
+	) STRICT, WITHOUT ROWID;
+	CREATE INDEX idempotency_keys_by_age ON idempotency_keys (created_at);
+	CREATE INDEX buttons_by_state ON buttons (account, state, id);`,
 }
 
 // migrate brings db's schema up to date. It fails on a file that is not a
@@ -499,18 +576,22 @@ func (s *store) noteKeyUsed(id string) {
 
 // --- buttons ---
 
-const buttonColumns = `id, account, product_name, description, amount_minor, currency,
-	billing_interval, payment_method, payment_type, is_live, fee_basis_points,
+// buttonFields are the columns a button and each of its history entries share.
+const buttonFields = `product_name, description, amount_minor, currency, billing_interval,
+	payment_method, payment_type, is_live, fee_basis_points,
 	state, version, created_at, updated_at, deleted_at`
 
-// scanButton reads one row selected with buttonColumns.
-func scanButton(row interface{ Scan(...any) error }) (button, error) {
+const buttonColumns = `id, account, ` + buttonFields
+
+// scanButton reads one row selected with buttonColumns, then into extra any
+// columns selected after them.
+func scanButton(row interface{ Scan(...any) error }, extra ...any) (button, error) {
 	var b button
 	var description, interval, created, updated, deleted sql.NullString
 	var fee sql.NullInt64
-	err := row.Scan(&b.ID, &b.Account, &b.ProductName, &description, &b.AmountMinor, &b.Currency,
+	err := row.Scan(append([]any{&b.ID, &b.Account, &b.ProductName, &description, &b.AmountMinor, &b.Currency,
 		&interval, &b.PaymentMethod, &b.PaymentType, &b.IsLive, &fee,
-		&b.State, &b.Version, &created, &updated, &deleted)
+		&b.State, &b.Version, &created, &updated, &deleted}, extra...)...)
 	if errors.Is(err, sql.ErrNoRows) {
 		return button{}, errNotFound
 	}
@@ -540,6 +621,85 @@ func (s *store) getButton(ctx context.Context, account, id string) (button, erro
 		`SELECT `+buttonColumns+` FROM buttons WHERE id = ? AND account = ?`, id, account))
 }
 
+// listQuery is the SQL and arguments that select a page of account's buttons,
+// newest first. Ids grow with time, so "id < after" is a cursor that neither
+// skips nor repeats a button while others are being created.
+func listQuery(account string, f listFilter) (string, []any) {
+	where, args := []string{"account = ?"}, []any{account}
+	if f.After != "" {
+		where, args = append(where, "id < ?"), append(args, f.After)
+	}
+	if f.State != "" {
+		where, args = append(where, "state = ?"), append(args, f.State)
+	}
+	if f.IsLive != nil {
+		where, args = append(where, "is_live = ?"), append(args, *f.IsLive)
+	}
+	if f.PaymentMethod != "" {
+		where, args = append(where, "payment_method = ?"), append(args, f.PaymentMethod)
+	}
+	return `SELECT ` + buttonColumns + ` FROM buttons
+		WHERE ` + strings.Join(where, " AND ") + `
+		ORDER BY id DESC LIMIT ?`, append(args, f.Limit)
+}
+
+// listButtons returns up to f.Limit of account's buttons that pass f, newest first.
+func (s *store) listButtons(ctx context.Context, account string, f listFilter) ([]button, error) {
+	query, args := listQuery(account, f)
+	rows, err := s.reader.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, classify(err)
+	}
+	defer rows.Close()
+	buttons := []button{}
+	for rows.Next() {
+		b, err := scanButton(rows)
+		if err != nil {
+			return nil, err
+		}
+		buttons = append(buttons, b)
+	}
+	return buttons, classify(rows.Err())
+}
+
+// buttonHistory returns every change made to account's button id, oldest
+// first, or errNotFound.
+func (s *store) buttonHistory(ctx context.Context, account, id string) ([]historyEntry, error) {
+	if !validButtonID(id) {
+		return nil, errNotFound
+	}
+	rows, err := s.reader.QueryContext(ctx, `SELECT button_id, account, `+buttonFields+`, action, key_id, request_id
+		FROM button_history WHERE button_id = ? AND account = ? ORDER BY version`, id, account)
+	if err != nil {
+		return nil, classify(err)
+	}
+	defer rows.Close()
+	var entries []historyEntry
+	for rows.Next() {
+		var e historyEntry
+		if e.Button, err = scanButton(rows, &e.Action, &e.KeyID, &e.RequestID); err != nil {
+			return nil, err
+		}
+		entries = append(entries, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, classify(err)
+	}
+	if len(entries) == 0 {
+		return nil, errNotFound
+	}
+	return entries, nil
+}
+
+// recordHistory copies the button as it now is into its history, inside the
+// transaction that changed it, so a change never lands without its entry.
+func recordHistory(tx *sql.Tx, who actor, action, id string) error {
+	_, err := tx.Exec(`INSERT INTO button_history (button_id, account, `+buttonFields+`, action, key_id, request_id)
+		SELECT id, account, `+buttonFields+`, ?, ?, ? FROM buttons WHERE id = ?`,
+		action, who.KeyID, who.RequestID, id)
+	return err
+}
+
 // createButton stores b as a new active button of the actor's account and
 // returns it with its id, version and times filled in.
 func (s *store) createButton(ctx context.Context, who actor, b button) (button, error) {
@@ -547,7 +707,7 @@ func (s *store) createButton(ctx context.Context, who actor, b button) (button, 
 	b.Account = who.Account
 	b.State = stateActive
 	b.Version = 1
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	_, err := s.writeRecorded(ctx, who, func(tx *sql.Tx) (string, error) {
 		b.CreatedAt = now()
 		b.UpdatedAt = b.CreatedAt
 		_, err := tx.Exec(`INSERT INTO buttons (`+buttonColumns+`)
@@ -555,7 +715,10 @@ func (s *store) createButton(ctx context.Context, who actor, b button) (button, 
 			b.ID, b.Account, b.ProductName, nullString(b.Description), b.AmountMinor, b.Currency,
 			nullString(b.BillingInterval), b.PaymentMethod, b.PaymentType, b.IsLive, nullInt(b.FeeBasisPoints),
 			b.State, b.Version, formatTime(b.CreatedAt), formatTime(b.UpdatedAt), nil)
-		return err
+		if err != nil {
+			return b.ID, err
+		}
+		return b.ID, recordHistory(tx, who, "create", b.ID)
 	})
 	if err != nil {
 		return button{}, err
@@ -564,10 +727,11 @@ func (s *store) createButton(ctx context.Context, who actor, b button) (button, 
 }
 
 // updateButton reads the actor's button, lets change edit it, and stores the
-// result as the next version. It returns errNotFound, a *stateError for a
-// deleted button, or change's own error; on any error nothing is stored.
-func (s *store) updateButton(ctx context.Context, who actor, id string, change func(*button) error) (button, error) {
-	return s.modifyButton(ctx, who, id, func(b *button) error {
+// result as the next version. ifMatch, when not 0, is the version the caller
+// last saw. It returns errNotFound, errPreconditionFailed, a *stateError for a
+// deleted button, or change's own error; on any error nothing is changed.
+func (s *store) updateButton(ctx context.Context, who actor, id string, ifMatch int64, change func(*button) error) (button, error) {
+	return s.modifyButton(ctx, who, id, ifMatch, "update", func(b *button) error {
 		if b.State != stateActive {
 			return &stateError{"button is deleted; restore it first"}
 		}
@@ -576,9 +740,10 @@ func (s *store) updateButton(ctx context.Context, who actor, id string, change f
 }
 
 // deleteButton soft-deletes the actor's button: the row stays, marked deleted.
-// It returns errNotFound, or a *stateError if the button is already deleted.
-func (s *store) deleteButton(ctx context.Context, who actor, id string) (button, error) {
-	return s.modifyButton(ctx, who, id, func(b *button) error {
+// It returns errNotFound, errPreconditionFailed, or a *stateError if the
+// button is already deleted.
+func (s *store) deleteButton(ctx context.Context, who actor, id string, ifMatch int64) (button, error) {
+	return s.modifyButton(ctx, who, id, ifMatch, "delete", func(b *button) error {
 		if b.State != stateActive {
 			return &stateError{"button is already deleted"}
 		}
@@ -589,9 +754,9 @@ func (s *store) deleteButton(ctx context.Context, who actor, id string) (button,
 }
 
 // restoreButton makes a deleted button of the actor's active again. It returns
-// errNotFound, or a *stateError if the button is not deleted.
-func (s *store) restoreButton(ctx context.Context, who actor, id string) (button, error) {
-	return s.modifyButton(ctx, who, id, func(b *button) error {
+// errNotFound, errPreconditionFailed, or a *stateError if it is not deleted.
+func (s *store) restoreButton(ctx context.Context, who actor, id string, ifMatch int64) (button, error) {
+	return s.modifyButton(ctx, who, id, ifMatch, "restore", func(b *button) error {
 		if b.State != stateDeleted {
 			return &stateError{"button is not deleted"}
 		}
@@ -602,22 +767,26 @@ func (s *store) restoreButton(ctx context.Context, who actor, id string) (button
 }
 
 // modifyButton is the one read-check-write path behind update, delete and
-// restore: inside the writer's transaction it reads the row, applies change
-// and writes every column back with the version bumped.
-func (s *store) modifyButton(ctx context.Context, who actor, id string, change func(*button) error) (button, error) {
-	if !validButtonID(id) {
-		return button{}, errNotFound
-	}
+// restore: inside the writer's transaction it reads the row, checks ifMatch,
+// applies change, writes every column back with the version bumped and
+// records the history entry.
+func (s *store) modifyButton(ctx context.Context, who actor, id string, ifMatch int64, action string, change func(*button) error) (button, error) {
 	var b button
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	_, err := s.writeRecorded(ctx, who, func(tx *sql.Tx) (string, error) {
+		if !validButtonID(id) {
+			return id, errNotFound
+		}
 		var err error
 		b, err = scanButton(tx.QueryRow(
 			`SELECT `+buttonColumns+` FROM buttons WHERE id = ? AND account = ?`, id, who.Account))
 		if err != nil {
-			return err
+			return id, err
+		}
+		if ifMatch != 0 && ifMatch != b.Version {
+			return id, errPreconditionFailed
 		}
 		if err := change(&b); err != nil {
-			return err
+			return id, err
 		}
 		b.Version++
 		b.UpdatedAt = now()
@@ -635,12 +804,155 @@ func (s *store) modifyButton(ctx context.Context, who actor, id string, change f
 			b.ProductName, nullString(b.Description), b.AmountMinor, b.Currency, nullInt(b.FeeBasisPoints),
 			b.State, b.Version, formatTime(b.UpdatedAt), nullTime(b.DeletedAt),
 			id, who.Account)
-		return err
+		if err != nil {
+			return id, err
+		}
+		return id, recordHistory(tx, who, action, id)
 	})
 	if err != nil {
 		return button{}, err
 	}
 	return b, nil
+}
+
+// --- idempotency keys ---
+
+// writeRecorded runs change in the writer's next transaction. When who carries
+// an Idempotency-Key, the answer to change's outcome is stored under it in the
+// same transaction, so a crash can keep neither the change without its answer
+// nor the answer without its change. It returns change's id and error.
+func (s *store) writeRecorded(ctx context.Context, who actor, change func(tx *sql.Tx) (string, error)) (string, error) {
+	var id string
+	var outcome error
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		if who.Idempotency == nil {
+			id, outcome = change(tx)
+			return outcome
+		}
+		// The change gets a savepoint of its own: a refused change is undone
+		// while the answer to it is still kept.
+		if _, err := tx.Exec("SAVEPOINT change"); err != nil {
+			return err
+		}
+		id, outcome = change(tx)
+		if outcome != nil {
+			if _, err := tx.Exec("ROLLBACK TO change"); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.Exec("RELEASE change"); err != nil {
+			return err
+		}
+		if sqliteCode(outcome) != 0 {
+			return outcome // a database fault is retried afresh, never replayed
+		}
+		status, body, keep := who.Idempotency.Answer(id, outcome)
+		if !keep {
+			return outcome
+		}
+		_, err := tx.Exec(`INSERT OR REPLACE INTO idempotency_keys
+			(account, key, fingerprint, status, body, created_at) VALUES (?, ?, ?, ?, ?, ?)`,
+			who.Account, who.Idempotency.Key, who.Idempotency.Fingerprint, status, body, formatTime(now()))
+		return err
+	})
+	if err != nil {
+		return id, err
+	}
+	return id, outcome
+}
+
+// reject keeps the answer to a request refused before it reached any button (a
+// body that breaks a rule) when the request carries an Idempotency-Key. It
+// returns refusal, or the error that kept the answer from being stored.
+func (s *store) reject(ctx context.Context, who actor, refusal error) error {
+	if who.Idempotency == nil {
+		return refusal
+	}
+	_, err := s.writeRecorded(ctx, who, func(*sql.Tx) (string, error) { return "", refusal })
+	return err
+}
+
+// findResponse returns the answer kept for account's Idempotency-Key, or
+// errNotFound if there is none younger than idempotencyTTL.
+func (s *store) findResponse(ctx context.Context, account, key string) (storedResponse, error) {
+	var r storedResponse
+	err := s.reader.QueryRowContext(ctx, `SELECT fingerprint, status, body FROM idempotency_keys
+		WHERE account = ? AND key = ? AND created_at > ?`,
+		account, key, formatTime(now().Add(-idempotencyTTL))).Scan(&r.Fingerprint, &r.Status, &r.Body)
+	if errors.Is(err, sql.ErrNoRows) {
+		return storedResponse{}, errNotFound
+	}
+	return r, classify(err)
+}
+
+// purgeExpired deletes answers older than idempotencyTTL, 500 to a
+// transaction, so the writer is never held up for long. It returns how many
+// it deleted.
+func (s *store) purgeExpired(ctx context.Context) (int64, error) {
+	cutoff := formatTime(now().Add(-idempotencyTTL))
+	var total int64
+	for {
+		var n int64
+		err := s.write(ctx, func(tx *sql.Tx) error {
+			res, err := tx.Exec(`DELETE FROM idempotency_keys WHERE (account, key) IN
+				(SELECT account, key FROM idempotency_keys WHERE created_at <= ? LIMIT 500)`, cutoff)
+			if err != nil {
+				return err
+			}
+			n, err = res.RowsAffected()
+			return err
+		})
+		total += n
+		if err != nil || n < 500 {
+			return total, err
+		}
+	}
+}
+
+// runPurger purges expired answers every interval until the store closes. A
+// failed purge is simply tried again at the next tick.
+func (s *store) runPurger(interval time.Duration) {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-s.quit:
+			return
+		case <-tick.C:
+			s.purgeExpired(context.Background())
+		}
+	}
+}
+
+// --- backup ---
+
+// backup writes a consistent copy of the database at src to dest while
+// servers keep writing to it. It refuses to overwrite dest, and fails if src
+// is not a paybuttons database.
+func backup(ctx context.Context, src, dest string) error {
+	if _, err := os.Stat(src); err != nil {
+		return fmt.Errorf("no database at %q", src)
+	}
+	if _, err := os.Lstat(dest); err == nil {
+		return fmt.Errorf("%q already exists; not overwriting it", dest)
+	}
+	// A plain connection: backup must not migrate a database a server is using.
+	db, err := sql.Open("sqlite", src+"?_pragma=busy_timeout(5000)&_pragma=query_only(1)")
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	var version int
+	if err := db.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
+		return fmt.Errorf("database %q: %w", src, describeOpenError(err))
+	}
+	if version == 0 {
+		return fmt.Errorf("database %q is not a paybuttons database", src)
+	}
+	if _, err := db.ExecContext(ctx, "VACUUM INTO ?", dest); err != nil {
+		return fmt.Errorf("backup to %q: %w", dest, err)
+	}
+	return nil
 }
 
 // --- ids ---

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -561,6 +562,110 @@ func (f *fields) fee() (int64, bool) {
 		return 0, false
 	}
 	return bp, true
+}
+
+// --- query and headers ---
+
+const (
+	defaultListLimit = 20
+	maxListLimit     = 100
+)
+
+// listParameters are the query parameters of the list endpoint.
+var listParameters = []string{"limit", "after", "state", "isLive", "paymentMethod"}
+
+// decodeListQuery reads the list endpoint's query string. state defaults to
+// active. On failure it returns an *invalidError naming every bad parameter.
+func decodeListQuery(rawQuery, providerName string) (listFilter, error) {
+	f := listFilter{Limit: defaultListLimit, State: stateActive}
+	values, err := url.ParseQuery(rawQuery)
+	if err != nil {
+		return listFilter{}, newInvalidError(map[string]string{"query": "is not a valid URL query string"})
+	}
+	problems := map[string]string{}
+	for name, given := range values {
+		switch {
+		case !slices.Contains(listParameters, name):
+			problems[name] = strings.Replace(unknownField(name, listParameters), "field", "query parameter", 1)
+		case len(given) > 1:
+			problems[name] = "is given more than once"
+		}
+	}
+	get := func(name string) (string, bool) {
+		if _, bad := problems[name]; bad || len(values[name]) == 0 {
+			return "", false
+		}
+		return values[name][0], true
+	}
+	if v, ok := get("limit"); ok {
+		n, err := strconv.Atoi(v)
+		if err != nil || !allDigits(v) || n < 1 || n > maxListLimit {
+			problems["limit"] = fmt.Sprintf("must be a whole number from 1 to %d", maxListLimit)
+		}
+		f.Limit = n
+	}
+	if v, ok := get("after"); ok {
+		if !validButtonID(v) {
+			problems["after"] = "must be a button id, the next of a previous page"
+		}
+		f.After = v
+	}
+	if v, ok := get("state"); ok {
+		switch v {
+		case stateActive, stateDeleted:
+			f.State = v
+		case "all":
+			f.State = ""
+		default:
+			problems["state"] = `must be one of "active", "deleted", "all"`
+		}
+	}
+	if v, ok := get("isLive"); ok {
+		if v != "true" && v != "false" {
+			problems["isLive"] = `must be "true" or "false"`
+		}
+		live := v == "true"
+		f.IsLive = &live
+	}
+	if v, ok := get("paymentMethod"); ok {
+		if v != providerName && v != "Stripe" && v != "StripeConnect" {
+			problems["paymentMethod"] = fmt.Sprintf("must be one of %q, %q, %q", providerName, "Stripe", "StripeConnect")
+		}
+		f.PaymentMethod = v
+	}
+	if len(problems) > 0 {
+		return listFilter{}, newInvalidError(problems)
+	}
+	return f, nil
+}
+
+// parseIfMatch reads an If-Match header: the ETag get sent, "<version>". It
+// returns 0 when the header is absent or "*" (any version), and an
+// *invalidError when it is not a version.
+func parseIfMatch(header string) (int64, error) {
+	if header == "" || header == "*" {
+		return 0, nil
+	}
+	digits, quoted := strings.CutPrefix(header, `"`)
+	digits, closed := strings.CutSuffix(digits, `"`)
+	version, err := strconv.ParseInt(digits, 10, 64)
+	if !quoted || !closed || !allDigits(digits) || err != nil || version < 1 {
+		return 0, newInvalidError(map[string]string{"If-Match": `must be the ETag get sent, a version in quotes such as "3"`})
+	}
+	return version, nil
+}
+
+// validIdempotencyKey accepts 1 to 255 printable ASCII characters.
+func validIdempotencyKey(key string) bool {
+	if key == "" || len(key) > 255 {
+		return false
+	}
+	for _, c := range []byte(key) {
+		if c < 0x20 || c > 0x7e {
+			return false
+		}
+	}
+	return true
 }
 
 // --- amounts ---
