@@ -43,9 +43,6 @@ func newTestServer(t *testing.T) *testEnv {
 
 func newTestServerWith(t *testing.T, opts serverOptions) *testEnv {
 	t.Helper()
-	if opts.providerName == "" {
-		opts.providerName = "the service"
-	}
 	dbPath := filepath.Join(t.TempDir(), "test.db")
 	st, err := openStore(dbPath)
 	if err != nil {
@@ -54,16 +51,26 @@ func newTestServerWith(t *testing.T, opts serverOptions) *testEnv {
 	env := &testEnv{t: t, store: st, dbPath: dbPath}
 	env.key, env.keyID = env.mintKey("acme")
 	env.keyB, _ = env.mintKey("other")
+	env.url = serveStore(t, st, opts)
+	return env
+}
+
+// serveStore serves st over a real HTTP server until the test ends, then
+// closes both, and returns the server's URL.
+func serveStore(t *testing.T, st *store, opts serverOptions) string {
+	t.Helper()
+	if opts.providerName == "" {
+		opts.providerName = "the service"
+	}
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	srv := httptest.NewServer(newServer(st, logger, opts.providerName, newRateLimiter(opts.rate, opts.burst)))
-	env.url = srv.URL
 	t.Cleanup(func() {
 		srv.Close()
 		if err := st.close(); err != nil {
 			t.Errorf("close store: %v", err)
 		}
 	})
-	return env
+	return srv.URL
 }
 
 // mintKey creates a key for account and returns its secret and id.

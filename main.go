@@ -45,6 +45,7 @@ const usage = `usage:
   paybuttons keys create -account NAME [-db FILE]
   paybuttons keys list   [-db FILE]
   paybuttons keys revoke [-db FILE] KEY_ID
+  paybuttons backup      [-db FILE] DEST_FILE
 Every flag can also be set with PAYBUTTONS_<FLAG> (PAYBUTTONS_DB, PAYBUTTONS_RATE, ...); a flag beats its variable.`
 
 // run is the whole program: it parses args (args[0] is the program name),
@@ -64,11 +65,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return &usageError{"keys needs a command: create, list or revoke"}
 		}
 		return keys(ctx, args[0], args[1:], getenv, stdout)
+	case "backup":
+		return backupCommand(ctx, args, getenv, stdout)
 	case "help":
 		fmt.Fprintln(stdout, usage)
 		return nil
 	}
-	return &usageError{fmt.Sprintf("unknown command %q (try: serve, keys)", command)}
+	return &usageError{fmt.Sprintf("unknown command %q (try: serve, keys, backup)", command)}
 }
 
 // newFlags returns a flag set whose errors come back as *usageError instead of
@@ -262,6 +265,24 @@ func keys(ctx context.Context, command string, args []string, getenv func(string
 		}
 	}
 	return st.close()
+}
+
+// backupCommand runs `backup [-db FILE] DEST_FILE`: a consistent copy of the
+// database, taken while servers keep using it.
+func backupCommand(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	fs := newFlags("backup")
+	dbPath := fs.String("db", "paybuttons.db", "SQLite database file")
+	if err := parseFlags(fs, args, getenv); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return &usageError{"backup needs exactly one DEST_FILE"}
+	}
+	if err := backup(ctx, *dbPath, fs.Arg(0)); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "backup of %s written to %s\n", *dbPath, fs.Arg(0))
+	return nil
 }
 
 func orNever(t time.Time) string {

@@ -937,7 +937,7 @@ func backup(ctx context.Context, src, dest string) error {
 		return fmt.Errorf("%q already exists; not overwriting it", dest)
 	}
 	// A plain connection: backup must not migrate a database a server is using.
-	db, err := sql.Open("sqlite", src+"?_pragma=busy_timeout(5000)&_pragma=query_only(1)")
+	db, err := sql.Open("sqlite", src+"?_pragma=busy_timeout(5000)")
 	if err != nil {
 		return err
 	}

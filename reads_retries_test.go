@@ -1,0 +1,456 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// listPageOf reads one list page through the API.
+func (e *testEnv) listPageOf(key, query string) (ids []string, hasMore bool, next string) {
+	e.t.Helper()
+	r := e.do("GET", "/product-payment/list?"+query, key, "")
+	r.want(e.t, 200, "")
+	var page struct {
+		Items   []struct{ ID string }
+		HasMore bool
+		Next    *string
+	}
+	if err := json.Unmarshal(r.env.Data, &page); err != nil {
+		e.t.Fatalf("list data: %v\n%s", err, r.raw)
+	}
+	for _, it := range page.Items {
+		ids = append(ids, it.ID)
+	}
+	if page.Next != nil {
+		next = *page.Next
+	}
+	return ids, page.HasMore, next
+}
+
+// listAll pages through everything query selects, limit at a time.
+func (e *testEnv) listAll(key, query string, limit int) []string {
+	e.t.Helper()
+	var all []string
+	after := ""
+	for {
+		q := fmt.Sprintf("%s&limit=%d", query, limit)
+		if after != "" {
+			q += "&after=" + after
+		}
+		ids, hasMore, next := e.listPageOf(key, q)
+		all = append(all, ids...)
+		if !hasMore {
+			if next != "" {
+				e.t.Fatalf("got next %q on the last page, want null", next)
+			}
+			return all
+		}
+		if next != ids[len(ids)-1] {
+			e.t.Fatalf("got next %q, want the page's last id %q", next, ids[len(ids)-1])
+		}
+		after = next
+	}
+}
+
+func TestListPagesSeeEachButtonOnceWhileOthersAreCreated(t *testing.T) {
+	e := newTestServer(t)
+	var existing []string
+	for i := range 45 {
+		existing = append(existing, e.create(e.key, validCreate(map[string]any{"productName": fmt.Sprint("b", i)})))
+	}
+	e.create(e.keyB, validCreate(nil)) // another account's: never listed
+
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // creates racing the paging
+		defer wg.Done()
+		for range 20 {
+			e.create(e.key, validCreate(nil))
+		}
+	}()
+	seen := e.listAll(e.key, "state=all", 7)
+	wg.Wait()
+
+	if !slices.IsSortedFunc(seen, func(a, b string) int { return strings.Compare(b, a) }) {
+		t.Errorf("got ids out of newest-first order: %v", seen)
+	}
+	count := map[string]int{}
+	for _, id := range seen {
+		count[id]++
+	}
+	for _, id := range existing {
+		if count[id] != 1 {
+			t.Errorf("button %s listed %d times, want once", id, count[id])
+		}
+	}
+	for id, n := range count {
+		if n != 1 {
+			t.Errorf("button %s listed %d times", id, n)
+		}
+		if b, err := e.stored("acme", id); err != nil || b.Account != "acme" {
+			t.Errorf("listed %s, which is not acme's (%v)", id, err)
+		}
+	}
+	if first, _, _ := e.listPageOf(e.key, "limit=1"); len(first) != 1 || first[0] <= existing[44] {
+		t.Errorf("got first item %v, want one newer than the last of the first 45", first)
+	}
+}
+
+func TestListFilters(t *testing.T) {
+	e := newTestServer(t)
+	live := e.create(e.key, validCreate(map[string]any{"isLive": true}))
+	connect := e.create(e.key, validCreate(map[string]any{"paymentMethod": "StripeConnect", "ApplicationFeePercentage": "1"}))
+	gone := e.create(e.key, validCreate(nil))
+	e.do("DELETE", "/product-payment/delete/"+gone, e.key, "").want(t, 200, "")
+	e.create(e.keyB, validCreate(map[string]any{"isLive": true}))
+
+	tests := []struct {
+		query string
+		want  []string
+	}{
+		{"", []string{connect, live}},
+		{"state=active", []string{connect, live}},
+		{"state=deleted", []string{gone}},
+		{"state=all", []string{gone, connect, live}},
+		{"state=all&isLive=true", []string{live}},
+		{"isLive=false", []string{connect}},
+		{"state=all&paymentMethod=StripeConnect", []string{connect}},
+		{"paymentMethod=the+service", nil},
+		{"state=all&limit=1&after=" + connect, []string{live}},
+	}
+	for _, tt := range tests {
+		got, _, _ := e.listPageOf(e.key, tt.query)
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("list?%s: got %v, want %v", tt.query, got, tt.want)
+		}
+	}
+}
+
+func TestListRejectsBadQueries(t *testing.T) {
+	e := newTestServer(t)
+	for query, param := range map[string]string{
+		"limit=0":                "limit",
+		"limit=101":              "limit",
+		"limit=ten":              "limit",
+		"limit=%2B5":             "limit",
+		"state=gone":             "state",
+		"isLive=yes":             "isLive",
+		"paymentMethod=stripe":   "paymentMethod",
+		"after=btn_nope":         "after",
+		"colour=red":             "colour",
+		"Limit=5":                "Limit",
+		"limit=5&limit=6":        "limit",
+		"limit=0&state=x&isLive": "state",
+	} {
+		r := e.do("GET", "/product-payment/list?"+query, e.key, "")
+		r.want(t, 400, "invalid_request")
+		if _, ok := r.env.Errors[param]; !ok {
+			t.Errorf("list?%s: got errors %v, want one naming %q", query, r.env.Errors, param)
+		}
+	}
+}
+
+// The list query must be served by an index however it is filtered: no scan
+// of the table and no sort, so it stays fast with 100,000 buttons an account.
+func TestListQueriesUseAnIndex(t *testing.T) {
+	e := newTestServer(t)
+	yes := true
+	for _, f := range []listFilter{
+		{Limit: 21},
+		{Limit: 21, State: stateActive},
+		{Limit: 21, State: stateDeleted, After: "btn_01JD0000000000000000000000"},
+		{Limit: 21, IsLive: &yes, PaymentMethod: "Stripe"},
+		{Limit: 21, State: stateActive, IsLive: &yes, After: "btn_01JD0000000000000000000000"},
+	} {
+		query, args := listQuery("acme", f)
+		rows, err := e.store.reader.Query("EXPLAIN QUERY PLAN "+query, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var plan []string
+		for rows.Next() {
+			var id, parent, unused int
+			var detail string
+			rows.Scan(&id, &parent, &unused, &detail)
+			plan = append(plan, detail)
+		}
+		rows.Close()
+		joined := strings.Join(plan, "; ")
+		if len(plan) == 0 || !strings.Contains(joined, "SEARCH buttons USING INDEX") ||
+			strings.Contains(joined, "SCAN") || strings.Contains(joined, "TEMP B-TREE") {
+			t.Errorf("filter %+v: got plan %q, want an index search with no scan or sort", f, joined)
+		}
+	}
+}
+
+func TestHistoryRecordsEveryChange(t *testing.T) {
+	e := newTestServer(t)
+	r := e.do("POST", "/product-payment/create", e.key, validCreate(map[string]any{"amount": "10.00"}), "X-Request-Id", "req-create")
+	r.want(t, 200, "")
+	id := r.dataString()
+	e.do("POST", "/product-payment/update/"+id, e.key, `{"amount":"12.00","description":null}`, "X-Request-Id", "req-update").want(t, 200, "")
+	e.do("POST", "/product-payment/update/"+id, e.key, `{"amount":"-1"}`).want(t, 400, "invalid_request")
+	e.do("POST", "/product-payment/update/"+id, e.key, `{"amount":"13.00"}`, "If-Match", `"1"`).want(t, 412, "precondition_failed")
+	e.do("DELETE", "/product-payment/delete/"+id, e.key, "").want(t, 200, "")
+	e.do("DELETE", "/product-payment/delete/"+id, e.key, "").want(t, 409, "wrong_state")
+	e.do("POST", "/product-payment/restore/"+id, e.key, "").want(t, 200, "")
+
+	h := e.do("GET", "/product-payment/history/"+id, e.key, "")
+	h.want(t, 200, "")
+	var data struct {
+		Items []struct {
+			At, Action, KeyID, RequestID string
+			Changes                      map[string]struct{ From, To any }
+		}
+	}
+	if err := json.Unmarshal(h.env.Data, &data); err != nil {
+		t.Fatal(err)
+	}
+	var actions []string
+	for _, it := range data.Items {
+		actions = append(actions, it.Action)
+		if it.KeyID != e.keyID || it.At == "" || it.RequestID == "" {
+			t.Errorf("%s entry: got keyId %q at %q requestId %q, want %q and both set", it.Action, it.KeyID, it.At, it.RequestID, e.keyID)
+		}
+	}
+	if want := []string{"create", "update", "delete", "restore"}; !slices.Equal(actions, want) {
+		t.Fatalf("got actions %v, want %v (refused changes write nothing)\n%s", actions, want, h.raw)
+	}
+	create, update, del := data.Items[0], data.Items[1], data.Items[2]
+	if c := create.Changes["amount"]; c.From != nil || c.To != "10.00" || create.RequestID != "req-create" {
+		t.Errorf("create: got amount %+v request %q, want null -> 10.00, req-create", c, create.RequestID)
+	}
+	if _, ok := create.Changes["billingInterval"]; ok {
+		t.Error("create: got a change for billingInterval, which stayed null")
+	}
+	if len(update.Changes) != 2 || update.Changes["amount"].From != "10.00" || update.Changes["amount"].To != "12.00" ||
+		update.Changes["description"].From != "Monthly access" || update.Changes["description"].To != nil {
+		t.Errorf("update: got changes %+v, want amount 10.00 -> 12.00 and description cleared only", update.Changes)
+	}
+	if c := del.Changes["state"]; len(del.Changes) != 1 || c.From != "active" || c.To != "deleted" {
+		t.Errorf("delete: got changes %+v, want state active -> deleted only", del.Changes)
+	}
+	// Another account sees no history.
+	e.do("GET", "/product-payment/history/"+id, e.keyB, "").want(t, 404, "not_found")
+}
+
+func TestIfMatch(t *testing.T) {
+	e := newTestServer(t)
+	id := e.create(e.key, validCreate(nil))
+	etag := e.do("GET", "/product-payment/get/"+id, e.key, "").header.Get("ETag")
+
+	e.do("POST", "/product-payment/update/"+id, e.key, `{"amount":"1.00"}`, "If-Match", etag).want(t, 200, "")
+	before, _ := e.stored("acme", id)
+	for _, op := range []struct{ method, path, body string }{
+		{"POST", "/product-payment/update/", `{"amount":"2.00"}`},
+		{"DELETE", "/product-payment/delete/", ""},
+	} {
+		e.do(op.method, op.path+id, e.key, op.body, "If-Match", etag).want(t, 412, "precondition_failed")
+	}
+	if after, _ := e.stored("acme", id); after != before {
+		t.Errorf("a 412 changed the button: got %+v, want %+v", after, before)
+	}
+	r := e.do("DELETE", "/product-payment/delete/"+id, e.key, "", "If-Match", `"2"`)
+	r.want(t, 200, "")
+	e.do("POST", "/product-payment/restore/"+id, e.key, "", "If-Match", `"2"`).want(t, 412, "precondition_failed")
+	e.do("POST", "/product-payment/restore/"+id, e.key, "", "If-Match", `"3"`).want(t, 200, "")
+	e.do("POST", "/product-payment/restore/"+id, e.key, "", "If-Match", "3").want(t, 400, "invalid_request")
+	if b, _ := e.stored("acme", id); b.Version != 4 || b.State != stateActive {
+		t.Errorf("got version %d state %s, want 4 active", b.Version, b.State)
+	}
+}
+
+// storedAnswers counts the idempotency records of account.
+func (e *testEnv) storedAnswers(account string) int {
+	e.t.Helper()
+	var n int
+	if err := e.store.reader.QueryRow(`SELECT count(*) FROM idempotency_keys WHERE account = ?`, account).Scan(&n); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
+func TestIdempotentReplay(t *testing.T) {
+	e := newTestServer(t)
+	body := validCreate(nil)
+	first := e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", "order-1")
+	first.want(t, 200, "")
+	again := e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", "order-1")
+	again.want(t, 200, "")
+	if !bytes.Equal(again.raw, first.raw) || again.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("got replay %s (Idempotent-Replayed %q), want %s byte for byte, replayed", again.raw, again.header.Get("Idempotent-Replayed"), first.raw)
+	}
+	if first.header.Get("Idempotent-Replayed") != "" {
+		t.Error("the first answer says it was replayed")
+	}
+	if n := e.countButtons(); n != 1 {
+		t.Errorf("got %d buttons, want 1", n)
+	}
+
+	other := e.do("POST", "/product-payment/create", e.key, validCreate(map[string]any{"amount": "1.00"}), "Idempotency-Key", "order-1")
+	other.want(t, 422, "idempotency_mismatch")
+	otherPath := e.do("POST", "/product-payment/update/"+first.dataString(), e.key, body, "Idempotency-Key", "order-1")
+	otherPath.want(t, 422, "idempotency_mismatch")
+
+	// Keys are per account: the same key from another account is a new request.
+	e.do("POST", "/product-payment/create", e.keyB, body, "Idempotency-Key", "order-1").want(t, 200, "")
+	if n := e.countButtons(); n != 2 {
+		t.Errorf("got %d buttons, want 2", n)
+	}
+
+	// A refused request's answer is kept and replayed too.
+	bad := `{"productName":""}`
+	r1 := e.do("POST", "/product-payment/create", e.key, bad, "Idempotency-Key", "bad-1")
+	r1.want(t, 400, "invalid_request")
+	r2 := e.do("POST", "/product-payment/create", e.key, bad, "Idempotency-Key", "bad-1")
+	if !bytes.Equal(r2.raw, r1.raw) || r2.status != 400 || r2.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("got %d %s, want the 400 replayed", r2.status, r2.raw)
+	}
+	// Answers given before the operation runs are not kept.
+	e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", "ct-1", "Content-Type", "text/plain").want(t, 415, "unsupported_media_type")
+	e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", "ct-1").want(t, 200, "")
+	if n := e.storedAnswers("acme"); n != 3 {
+		t.Errorf("got %d stored answers for acme, want 3 (order-1, bad-1, ct-1)", n)
+	}
+	e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", "").want(t, 400, "invalid_request")
+	e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", strings.Repeat("k", 256)).want(t, 400, "invalid_request")
+}
+
+func TestIdempotentDeleteReplaysInsteadOfConflicting(t *testing.T) {
+	e := newTestServer(t)
+	id := e.create(e.key, validCreate(nil))
+	e.do("DELETE", "/product-payment/delete/"+id, e.key, "", "Idempotency-Key", "del-1").want(t, 200, "")
+	r := e.do("DELETE", "/product-payment/delete/"+id, e.key, "", "Idempotency-Key", "del-1")
+	r.want(t, 200, "")
+	if r.header.Get("Idempotent-Replayed") != "true" {
+		t.Error("the retried delete was not a replay")
+	}
+	if b, _ := e.stored("acme", id); b.Version != 2 || b.State != stateDeleted {
+		t.Errorf("got version %d state %s, want 2 deleted: the retry must not run again", b.Version, b.State)
+	}
+	// Without the key the same delete is a new request and conflicts.
+	e.do("DELETE", "/product-payment/delete/"+id, e.key, "").want(t, 409, "wrong_state")
+}
+
+func TestConcurrentRequestsWithOneKeyMakeOneButton(t *testing.T) {
+	e := newTestServer(t)
+	body := validCreate(nil)
+	results := make([]response, 20)
+	var wg sync.WaitGroup
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", "same")
+		}()
+	}
+	wg.Wait()
+	ids := map[string]bool{}
+	for _, r := range results {
+		switch {
+		case r.status == 200:
+			ids[r.dataString()] = true
+		case r.status == 409 && r.env.Code == "idempotency_in_flight":
+		default:
+			t.Errorf("got %d %s, want 200 or 409 idempotency_in_flight", r.status, r.raw)
+		}
+	}
+	if n := e.countButtons(); n != 1 || len(ids) != 1 {
+		t.Errorf("got %d buttons and ids %v, want exactly one", n, ids)
+	}
+}
+
+func TestExpiredIdempotencyKeysAreForgottenAndPurged(t *testing.T) {
+	e := newTestServer(t)
+	e.do("POST", "/product-payment/create", e.key, validCreate(nil), "Idempotency-Key", "old").want(t, 200, "")
+	e.do("POST", "/product-payment/create", e.key, validCreate(nil), "Idempotency-Key", "new").want(t, 200, "")
+	err := e.store.write(context.Background(), func(tx *sql.Tx) error {
+		_, err := tx.Exec(`UPDATE idempotency_keys SET created_at = '2000-01-01T00:00:00.000Z' WHERE key = 'old'`)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Past 24 hours the key is free again: another request runs afresh.
+	e.do("POST", "/product-payment/create", e.key, validCreate(map[string]any{"amount": "3.00"}), "Idempotency-Key", "old").want(t, 200, "")
+	e.store.write(context.Background(), func(tx *sql.Tx) error {
+		_, err := tx.Exec(`UPDATE idempotency_keys SET created_at = '2000-01-01T00:00:00.000Z' WHERE key = 'old'`)
+		return err
+	})
+	n, err := e.store.purgeExpired(context.Background())
+	if err != nil || n != 1 {
+		t.Errorf("purge: got %d, %v, want 1 deleted", n, err)
+	}
+	if got := e.storedAnswers("acme"); got != 1 {
+		t.Errorf("got %d answers left, want 1 (new)", got)
+	}
+}
+
+func TestBackupWhileWriting(t *testing.T) {
+	e := newTestServer(t)
+	before := e.create(e.key, validCreate(nil))
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				e.create(e.key, validCreate(nil))
+			}
+		}
+	}()
+	dest := filepath.Join(t.TempDir(), "copy.db")
+	out, err := runCLI(t, nil, "backup", "-db", e.dbPath, dest)
+	close(stop)
+	wg.Wait()
+	if err != nil || !strings.Contains(out, dest) {
+		t.Fatalf("backup: got %q, %v", out, err)
+	}
+	if _, err := runCLI(t, nil, "backup", "-db", e.dbPath, dest); err == nil || !strings.Contains(err.Error(), "already exists") {
+		t.Errorf("second backup to the same file: got %v, want a refusal", err)
+	}
+
+	copied, err := openStore(dest)
+	if err != nil {
+		t.Fatalf("open the copy: %v", err)
+	}
+	defer copied.close()
+	var check string
+	if err := copied.reader.QueryRow("PRAGMA integrity_check").Scan(&check); err != nil || check != "ok" {
+		t.Fatalf("integrity_check on the copy: %q, %v", check, err)
+	}
+	// Every button in the copy has its full history: the copy is one moment.
+	var orphans int
+	copied.reader.QueryRow(`SELECT count(*) FROM buttons b WHERE version != (SELECT count(*) FROM button_history h WHERE h.button_id = b.id)`).Scan(&orphans)
+	if orphans != 0 {
+		t.Errorf("got %d buttons in the copy whose history does not match their version", orphans)
+	}
+	// The copy serves: the key and the button made before the backup are there.
+	restored := &testEnv{t: t, url: serveStore(t, copied, serverOptions{}), store: copied}
+	if v := restored.getView(e.key, before); v["id"] != before {
+		t.Errorf("got %v from the restored server, want button %s", v["id"], before)
+	}
+	restored.create(e.key, validCreate(nil))
+}
+
+func TestBackupRefusesWhatIsNotAPaybuttonsDatabase(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := runCLI(t, nil, "backup", "-db", filepath.Join(dir, "none.db"), filepath.Join(dir, "out.db")); err == nil || exitStatus(err) != 1 {
+		t.Errorf("backup of a missing file: got %v, want a runtime error", err)
+	}
+	if _, err := runCLI(t, nil, "backup", "-db", filepath.Join(dir, "none.db")); exitStatus(err) != 2 {
+		t.Errorf("backup without DEST: got %v, want a usage error", err)
+	}
+}
