@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -44,7 +45,31 @@ func newServer(st *store, log *slog.Logger, providerName string, limiter *rateLi
 	mux.Handle("POST /product-payment/update/{id}", s.withKey(s.handleUpdate))
 	mux.Handle("DELETE /product-payment/delete/{id}", s.withKey(s.handleDelete))
 	mux.Handle("POST /product-payment/restore/{id}", s.withKey(s.handleRestore))
+	mux.HandleFunc("GET /healthz", s.handleHealth)
+	mux.HandleFunc("GET /openapi.json", s.handleOpenAPI)
 	return s.withBasics(s.enveloped(mux))
+}
+
+// openAPIDocument is the API's OpenAPI 3.1 description, served as it is.
+//
+//go:embed openapi.json
+var openAPIDocument []byte
+
+func (s *server) handleOpenAPI(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusOK)
+	w.Write(openAPIDocument)
+}
+
+// handleHealth answers 200 when the database answers a real query, else 503.
+func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if err := s.store.ping(ctx); err != nil {
+		s.log.Warn("health check failed", "requestId", requestID(r.Context()), "err", err)
+		s.writeError(w, r, &apiError{http.StatusServiceUnavailable, "unavailable", "the database does not answer"})
+		return
+	}
+	s.writeJSON(w, r, http.StatusOK, envelope{IsSuccess: true, Data: "ok", Message: "the database answers"})
 }
 
 // --- handlers, one per operation ---
@@ -394,7 +419,7 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 		return nil, tooLarge
 	}
 	if err != nil {
-		return nil, &apiError{http.StatusBadRequest, "invalid_request", "the body could not be read"}
+		return nil, newInvalidError(map[string]string{"body": "could not be read"})
 	}
 	return body, nil
 }

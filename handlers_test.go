@@ -20,7 +20,7 @@ import (
 // testEnv is a real server on a real SQLite file, with one key for account
 // "acme" and one for account "other".
 type testEnv struct {
-	t      *testing.T
+	t      testing.TB
 	url    string
 	store  *store
 	dbPath string
@@ -36,12 +36,12 @@ type serverOptions struct {
 	burst        int
 }
 
-func newTestServer(t *testing.T) *testEnv {
+func newTestServer(t testing.TB) *testEnv {
 	t.Helper()
 	return newTestServerWith(t, serverOptions{})
 }
 
-func newTestServerWith(t *testing.T, opts serverOptions) *testEnv {
+func newTestServerWith(t testing.TB, opts serverOptions) *testEnv {
 	t.Helper()
 	dbPath := filepath.Join(t.TempDir(), "test.db")
 	st, err := openStore(dbPath)
@@ -57,7 +57,7 @@ func newTestServerWith(t *testing.T, opts serverOptions) *testEnv {
 
 // serveStore serves st over a real HTTP server until the test ends, then
 // closes both, and returns the server's URL.
-func serveStore(t *testing.T, st *store, opts serverOptions) string {
+func serveStore(t testing.TB, st *store, opts serverOptions) string {
 	t.Helper()
 	if opts.providerName == "" {
 		opts.providerName = "the service"
@@ -133,7 +133,7 @@ func (e *testEnv) do(method, path, key, body string, headers ...string) response
 }
 
 // want checks status, isSuccess and code together.
-func (r response) want(t *testing.T, status int, code string) {
+func (r response) want(t testing.TB, status int, code string) {
 	t.Helper()
 	if r.status != status || r.env.IsSuccess != (status == 200) || r.env.Code != code {
 		t.Fatalf("%s\ngot status %d isSuccess %v code %q, want %d %v %q\nbody: %s",

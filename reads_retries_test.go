@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"database/sql"
 	"encoding/json"
 	"fmt"
 	"path/filepath"
@@ -372,7 +371,7 @@ func TestExpiredIdempotencyKeysAreForgottenAndPurged(t *testing.T) {
 	e := newTestServer(t)
 	e.do("POST", "/product-payment/create", e.key, validCreate(nil), "Idempotency-Key", "old").want(t, 200, "")
 	e.do("POST", "/product-payment/create", e.key, validCreate(nil), "Idempotency-Key", "new").want(t, 200, "")
-	err := e.store.write(context.Background(), func(tx *sql.Tx) error {
+	err := e.store.write(context.Background(), func(tx *writeTx) error {
 		_, err := tx.Exec(`UPDATE idempotency_keys SET created_at = '2000-01-01T00:00:00.000Z' WHERE key = 'old'`)
 		return err
 	})
@@ -381,7 +380,7 @@ func TestExpiredIdempotencyKeysAreForgottenAndPurged(t *testing.T) {
 	}
 	// Past 24 hours the key is free again: another request runs afresh.
 	e.do("POST", "/product-payment/create", e.key, validCreate(map[string]any{"amount": "3.00"}), "Idempotency-Key", "old").want(t, 200, "")
-	e.store.write(context.Background(), func(tx *sql.Tx) error {
+	e.store.write(context.Background(), func(tx *writeTx) error {
 		_, err := tx.Exec(`UPDATE idempotency_keys SET created_at = '2000-01-01T00:00:00.000Z' WHERE key = 'old'`)
 		return err
 	})

@@ -128,6 +128,7 @@ type listFilter struct {
 // connections that never wait behind it (WAL).
 type store struct {
 	writer  *sql.DB
+	tx      *writeTx // the writer's one connection; only the writer goroutine uses it
 	reader  *sql.DB
 	writes  chan writeOp
 	quit    chan struct{}
@@ -141,6 +142,10 @@ type store struct {
 	// written, so a busy key costs one write a minute, not one a request.
 	lastUsedMu    sync.Mutex
 	lastUsedSaved map[string]time.Time
+
+	// readStmts are the reader pool's prepared statements, by SQL text.
+	readStmtsMu sync.Mutex
+	readStmts   map[string]*sql.Stmt
 }
 
 // writeOp is one caller's change; the writer runs it inside a shared transaction
@@ -148,8 +153,95 @@ type store struct {
 // caller's context: SQLite answers an interrupted write by rolling back the
 // whole transaction, which would fail every other caller in the batch.
 type writeOp struct {
-	fn   func(tx *sql.Tx) error
+	fn   func(tx *writeTx) error
 	done chan error
+}
+
+// writeTx is the writer's connection, inside the batch's transaction. It
+// prepares each SQL text once and keeps it: SQLite would otherwise parse the
+// statement again on every call, which costs about as much as running it.
+type writeTx struct {
+	conn  *sql.Conn
+	stmts map[string]*sql.Stmt
+}
+
+func (tx *writeTx) prepared(query string) (*sql.Stmt, error) {
+	if st, ok := tx.stmts[query]; ok {
+		return st, nil
+	}
+	st, err := tx.conn.PrepareContext(context.Background(), query)
+	if err != nil {
+		return nil, err
+	}
+	tx.stmts[query] = st
+	return st, nil
+}
+
+// Exec runs a statement in the transaction.
+func (tx *writeTx) Exec(query string, args ...any) (sql.Result, error) {
+	st, err := tx.prepared(query)
+	if err != nil {
+		return nil, err
+	}
+	return st.Exec(args...)
+}
+
+// QueryRow runs a query for one row in the transaction.
+func (tx *writeTx) QueryRow(query string, args ...any) rowScanner {
+	st, err := tx.prepared(query)
+	if err != nil {
+		return failedRow{err}
+	}
+	return st.QueryRow(args...)
+}
+
+// close releases the statements and the connection.
+func (tx *writeTx) close() error {
+	for _, st := range tx.stmts {
+		st.Close()
+	}
+	return tx.conn.Close()
+}
+
+// rowScanner is a row to scan: *sql.Row, *sql.Rows, or a failedRow.
+type rowScanner interface{ Scan(...any) error }
+
+// failedRow is a row whose query could not even be prepared.
+type failedRow struct{ err error }
+
+func (r failedRow) Scan(...any) error { return r.err }
+
+// queryRow runs a read for one row on the reader pool with a prepared statement.
+func (s *store) queryRow(ctx context.Context, query string, args ...any) rowScanner {
+	st, err := s.readStmt(query)
+	if err != nil {
+		return failedRow{err}
+	}
+	return st.QueryRowContext(ctx, args...)
+}
+
+// query runs a read on the reader pool with a prepared statement.
+func (s *store) query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	st, err := s.readStmt(query)
+	if err != nil {
+		return nil, err
+	}
+	return st.QueryContext(ctx, args...)
+}
+
+// readStmt prepares query for the reader pool on first use.
+func (s *store) readStmt(query string) (*sql.Stmt, error) {
+	s.readStmtsMu.Lock()
+	defer s.readStmtsMu.Unlock()
+	if st, ok := s.readStmts[query]; ok {
+		return st, nil
+	}
+	st, err := s.reader.Prepare(query)
+	if err != nil {
+		return nil, err
+	}
+	s.readStmts[query] = st
+	return st, nil
 }
 
 // openStore opens (creating if needed) the database at path, applies pending
@@ -168,14 +260,18 @@ func openStore(path string) (*store, error) {
 		return nil, err
 	}
 	writer.SetMaxOpenConns(1)
-	writer.SetConnMaxLifetime(0)
-	writer.SetConnMaxIdleTime(0)
 	if err := migrate(writer); err != nil {
 		writer.Close()
 		return nil, fmt.Errorf("database %q: %w", path, err)
 	}
+	conn, err := writer.Conn(context.Background())
+	if err != nil {
+		writer.Close()
+		return nil, err
+	}
 	reader, err := sql.Open("sqlite", path+common+"&_pragma=query_only(1)")
 	if err != nil {
+		conn.Close()
 		writer.Close()
 		return nil, err
 	}
@@ -183,7 +279,9 @@ func openStore(path string) (*store, error) {
 	reader.SetMaxIdleConns(8)
 	s := &store{
 		writer:        writer,
+		tx:            &writeTx{conn: conn, stmts: map[string]*sql.Stmt{}},
 		reader:        reader,
+		readStmts:     map[string]*sql.Stmt{},
 		writes:        make(chan writeOp),
 		quit:          make(chan struct{}),
 		stopped:       make(chan struct{}),
@@ -201,8 +299,8 @@ func (s *store) close() error {
 	s.closeOnce.Do(func() {
 		close(s.quit)
 		<-s.stopped
-		_, cerr := s.writer.Exec("PRAGMA wal_checkpoint(TRUNCATE)")
-		s.closeErr = errors.Join(cerr, s.reader.Close(), s.writer.Close())
+		_, cerr := s.tx.conn.ExecContext(context.Background(), "PRAGMA wal_checkpoint(TRUNCATE)")
+		s.closeErr = errors.Join(cerr, s.tx.close(), s.reader.Close(), s.writer.Close())
 	})
 	return s.closeErr
 }
@@ -343,7 +441,7 @@ func classify(err error) error {
 // write runs fn in the writer's next transaction and returns fn's error, or
 // the commit's. Once handed over, the write is waited for even if ctx ends, so
 // the caller never reports failure for a change that was committed.
-func (s *store) write(ctx context.Context, fn func(tx *sql.Tx) error) error {
+func (s *store) write(ctx context.Context, fn func(tx *writeTx) error) error {
 	op := writeOp{fn: fn, done: make(chan error, 1)}
 	select {
 	case s.writes <- op:
@@ -388,19 +486,20 @@ func (s *store) runWriter() {
 // fails (begin, a lost savepoint, commit), every op gets that error and nothing
 // of the batch is stored.
 func (s *store) commitBatch(batch []writeOp) []error {
-	ctx := context.Background() // one caller going away must not abort the others
+	tx := s.tx
 	results := make([]error, len(batch))
 	failAll := func(err error) []error {
+		tx.Exec("ROLLBACK") // fails harmlessly when SQLite has rolled back already
 		for i := range results {
 			results[i] = classify(err)
 		}
 		return results
 	}
-	tx, err := s.writer.BeginTx(ctx, nil)
-	if err != nil {
+	// IMMEDIATE takes the write lock now, waiting up to busy_timeout for
+	// another process's writer, instead of failing halfway through the batch.
+	if _, err := tx.Exec("BEGIN IMMEDIATE"); err != nil {
 		return failAll(err)
 	}
-	defer tx.Rollback()
 	for i, op := range batch {
 		if _, err := tx.Exec("SAVEPOINT op"); err != nil {
 			return failAll(err)
@@ -418,7 +517,7 @@ func (s *store) commitBatch(batch []writeOp) []error {
 			return failAll(err)
 		}
 	}
-	if err := tx.Commit(); err != nil {
+	if _, err := tx.Exec("COMMIT"); err != nil {
 		return failAll(err)
 	}
 	return results
@@ -461,6 +560,12 @@ func parseTime(v sql.NullString) (time.Time, error) {
 	return time.Parse(timeLayout, v.String)
 }
 
+// ping reads a table, so that it fails when the file does, not only the connection.
+func (s *store) ping(ctx context.Context) error {
+	var n int
+	return s.queryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM api_keys LIMIT 1)`).Scan(&n)
+}
+
 // --- keys ---
 
 // createKey mints a key for account and returns the secret, shown once, and the
@@ -471,7 +576,7 @@ func (s *store) createKey(ctx context.Context, account string) (secret, id strin
 	secret = "pbk_" + base64.RawURLEncoding.EncodeToString(raw)
 	id = "key_" + randomCrockford(16)
 	hash := sha256.Sum256([]byte(secret))
-	err = s.write(ctx, func(tx *sql.Tx) error {
+	err = s.write(ctx, func(tx *writeTx) error {
 		_, err := tx.Exec(
 			`INSERT INTO api_keys (id, account, secret_hash, created_at) VALUES (?, ?, ?, ?)`,
 			id, account, hash[:], formatTime(now()))
@@ -486,13 +591,13 @@ func (s *store) createKey(ctx context.Context, account string) (secret, id strin
 // countKeys returns how many keys exist, revoked ones included.
 func (s *store) countKeys(ctx context.Context) (int, error) {
 	var n int
-	err := s.reader.QueryRowContext(ctx, `SELECT count(*) FROM api_keys`).Scan(&n)
+	err := s.queryRow(ctx, `SELECT count(*) FROM api_keys`).Scan(&n)
 	return n, classify(err)
 }
 
 // listKeys returns every key, oldest first.
 func (s *store) listKeys(ctx context.Context) ([]apiKey, error) {
-	rows, err := s.reader.QueryContext(ctx,
+	rows, err := s.query(ctx,
 		`SELECT id, account, created_at, last_used_at, revoked_at FROM api_keys ORDER BY created_at, id`)
 	if err != nil {
 		return nil, classify(err)
@@ -522,7 +627,7 @@ func (s *store) listKeys(ctx context.Context) ([]apiKey, error) {
 // revokeKey revokes the key with id; it returns errNotFound for an unknown id.
 // Revoking a revoked key changes nothing and is not an error.
 func (s *store) revokeKey(ctx context.Context, id string) error {
-	return s.write(ctx, func(tx *sql.Tx) error {
+	return s.write(ctx, func(tx *writeTx) error {
 		res, err := tx.Exec(
 			`UPDATE api_keys SET revoked_at = coalesce(revoked_at, ?) WHERE id = ?`,
 			formatTime(now()), id)
@@ -542,7 +647,7 @@ func (s *store) revokeKey(ctx context.Context, id string) error {
 func (s *store) authenticate(ctx context.Context, secret string) (apiKey, error) {
 	hash := sha256.Sum256([]byte(secret))
 	var k apiKey
-	err := s.reader.QueryRowContext(ctx,
+	err := s.queryRow(ctx,
 		`SELECT id, account FROM api_keys WHERE secret_hash = ? AND revoked_at IS NULL`,
 		hash[:]).Scan(&k.ID, &k.Account)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -568,7 +673,7 @@ func (s *store) noteKeyUsed(id string) {
 	if fresh {
 		return
 	}
-	go s.write(context.Background(), func(tx *sql.Tx) error {
+	go s.write(context.Background(), func(tx *writeTx) error {
 		_, err := tx.Exec(`UPDATE api_keys SET last_used_at = ? WHERE id = ?`, formatTime(t), id)
 		return err
 	})
@@ -585,7 +690,7 @@ const buttonColumns = `id, account, ` + buttonFields
 
 // scanButton reads one row selected with buttonColumns, then into extra any
 // columns selected after them.
-func scanButton(row interface{ Scan(...any) error }, extra ...any) (button, error) {
+func scanButton(row rowScanner, extra ...any) (button, error) {
 	var b button
 	var description, interval, created, updated, deleted sql.NullString
 	var fee sql.NullInt64
@@ -617,7 +722,7 @@ func (s *store) getButton(ctx context.Context, account, id string) (button, erro
 	if !validButtonID(id) {
 		return button{}, errNotFound
 	}
-	return scanButton(s.reader.QueryRowContext(ctx,
+	return scanButton(s.queryRow(ctx,
 		`SELECT `+buttonColumns+` FROM buttons WHERE id = ? AND account = ?`, id, account))
 }
 
@@ -646,7 +751,7 @@ func listQuery(account string, f listFilter) (string, []any) {
 // listButtons returns up to f.Limit of account's buttons that pass f, newest first.
 func (s *store) listButtons(ctx context.Context, account string, f listFilter) ([]button, error) {
 	query, args := listQuery(account, f)
-	rows, err := s.reader.QueryContext(ctx, query, args...)
+	rows, err := s.query(ctx, query, args...)
 	if err != nil {
 		return nil, classify(err)
 	}
@@ -668,7 +773,7 @@ func (s *store) buttonHistory(ctx context.Context, account, id string) ([]histor
 	if !validButtonID(id) {
 		return nil, errNotFound
 	}
-	rows, err := s.reader.QueryContext(ctx, `SELECT button_id, account, `+buttonFields+`, action, key_id, request_id
+	rows, err := s.query(ctx, `SELECT button_id, account, `+buttonFields+`, action, key_id, request_id
 		FROM button_history WHERE button_id = ? AND account = ? ORDER BY version`, id, account)
 	if err != nil {
 		return nil, classify(err)
@@ -693,7 +798,7 @@ func (s *store) buttonHistory(ctx context.Context, account, id string) ([]histor
 
 // recordHistory copies the button as it now is into its history, inside the
 // transaction that changed it, so a change never lands without its entry.
-func recordHistory(tx *sql.Tx, who actor, action, id string) error {
+func recordHistory(tx *writeTx, who actor, action, id string) error {
 	_, err := tx.Exec(`INSERT INTO button_history (button_id, account, `+buttonFields+`, action, key_id, request_id)
 		SELECT id, account, `+buttonFields+`, ?, ?, ? FROM buttons WHERE id = ?`,
 		action, who.KeyID, who.RequestID, id)
@@ -707,7 +812,7 @@ func (s *store) createButton(ctx context.Context, who actor, b button) (button, 
 	b.Account = who.Account
 	b.State = stateActive
 	b.Version = 1
-	_, err := s.writeRecorded(ctx, who, func(tx *sql.Tx) (string, error) {
+	_, err := s.writeRecorded(ctx, who, func(tx *writeTx) (string, error) {
 		b.CreatedAt = now()
 		b.UpdatedAt = b.CreatedAt
 		_, err := tx.Exec(`INSERT INTO buttons (`+buttonColumns+`)
@@ -772,7 +877,7 @@ func (s *store) restoreButton(ctx context.Context, who actor, id string, ifMatch
 // records the history entry.
 func (s *store) modifyButton(ctx context.Context, who actor, id string, ifMatch int64, action string, change func(*button) error) (button, error) {
 	var b button
-	_, err := s.writeRecorded(ctx, who, func(tx *sql.Tx) (string, error) {
+	_, err := s.writeRecorded(ctx, who, func(tx *writeTx) (string, error) {
 		if !validButtonID(id) {
 			return id, errNotFound
 		}
@@ -821,10 +926,10 @@ func (s *store) modifyButton(ctx context.Context, who actor, id string, ifMatch 
 // an Idempotency-Key, the answer to change's outcome is stored under it in the
 // same transaction, so a crash can keep neither the change without its answer
 // nor the answer without its change. It returns change's id and error.
-func (s *store) writeRecorded(ctx context.Context, who actor, change func(tx *sql.Tx) (string, error)) (string, error) {
+func (s *store) writeRecorded(ctx context.Context, who actor, change func(tx *writeTx) (string, error)) (string, error) {
 	var id string
 	var outcome error
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := s.write(ctx, func(tx *writeTx) error {
 		if who.Idempotency == nil {
 			id, outcome = change(tx)
 			return outcome
@@ -835,16 +940,19 @@ func (s *store) writeRecorded(ctx context.Context, who actor, change func(tx *sq
 			return err
 		}
 		id, outcome = change(tx)
+		if sqliteCode(outcome) != 0 {
+			// A database fault is never replayed: the batch undoes the op and
+			// a retry runs afresh. SQLite may have rolled back the whole
+			// transaction already (a full disk does), savepoints included.
+			return outcome
+		}
 		if outcome != nil {
 			if _, err := tx.Exec("ROLLBACK TO change"); err != nil {
-				return err
+				return outcome
 			}
 		}
 		if _, err := tx.Exec("RELEASE change"); err != nil {
 			return err
-		}
-		if sqliteCode(outcome) != 0 {
-			return outcome // a database fault is retried afresh, never replayed
 		}
 		status, body, keep := who.Idempotency.Answer(id, outcome)
 		if !keep {
@@ -868,7 +976,7 @@ func (s *store) reject(ctx context.Context, who actor, refusal error) error {
 	if who.Idempotency == nil {
 		return refusal
 	}
-	_, err := s.writeRecorded(ctx, who, func(*sql.Tx) (string, error) { return "", refusal })
+	_, err := s.writeRecorded(ctx, who, func(*writeTx) (string, error) { return "", refusal })
 	return err
 }
 
@@ -876,7 +984,7 @@ func (s *store) reject(ctx context.Context, who actor, refusal error) error {
 // errNotFound if there is none younger than idempotencyTTL.
 func (s *store) findResponse(ctx context.Context, account, key string) (storedResponse, error) {
 	var r storedResponse
-	err := s.reader.QueryRowContext(ctx, `SELECT fingerprint, status, body FROM idempotency_keys
+	err := s.queryRow(ctx, `SELECT fingerprint, status, body FROM idempotency_keys
 		WHERE account = ? AND key = ? AND created_at > ?`,
 		account, key, formatTime(now().Add(-idempotencyTTL))).Scan(&r.Fingerprint, &r.Status, &r.Body)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -893,7 +1001,7 @@ func (s *store) purgeExpired(ctx context.Context) (int64, error) {
 	var total int64
 	for {
 		var n int64
-		err := s.write(ctx, func(tx *sql.Tx) error {
+		err := s.write(ctx, func(tx *writeTx) error {
 			res, err := tx.Exec(`DELETE FROM idempotency_keys WHERE (account, key) IN
 				(SELECT account, key FROM idempotency_keys WHERE created_at <= ? LIMIT 500)`, cutoff)
 			if err != nil {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -31,7 +30,7 @@ func TestFailedWriteRollsBackAloneInItsBatch(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i] = st.write(context.Background(), func(tx *sql.Tx) error {
+			results[i] = st.write(context.Background(), func(tx *writeTx) error {
 				if _, err := tx.Exec(`INSERT INTO api_keys (id, account, secret_hash, created_at) VALUES (?, 'a', ?, 'now')`,
 					fmt.Sprintf("key_%d", i), []byte(fmt.Sprint(i))); err != nil {
 					return err
