@@ -519,6 +519,9 @@ func (s *server) withKey(next keyedHandler) http.Handler {
 			s.writeError(w, r, err)
 			return
 		}
+		if info, _ := r.Context().Value(requestInfoKey{}).(*requestInfo); info != nil {
+			info.keyID = key.ID
+		}
 		if ok, wait := s.limiter.allow(key.ID, time.Now()); !ok {
 			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
 			s.writeError(w, r, &apiError{http.StatusTooManyRequests, "rate_limited", "too many requests for this API key; retry later"})
@@ -567,40 +570,83 @@ func (p *probeWriter) Header() http.Header         { return p.header }
 func (p *probeWriter) WriteHeader(status int)      { p.status = status }
 func (p *probeWriter) Write(b []byte) (int, error) { return len(b), nil }
 
-type requestIDKey struct{}
+// requestInfo is what the access line says of a request beyond what the
+// request itself holds; the wrappers fill it in as they learn it.
+type requestInfo struct {
+	id    string
+	keyID string
+}
+
+type requestInfoKey struct{}
 
 // requestID returns the id withBasics gave the request.
 func requestID(ctx context.Context) string {
-	id, _ := ctx.Value(requestIDKey{}).(string)
-	return id
+	info, _ := ctx.Value(requestInfoKey{}).(*requestInfo)
+	if info == nil {
+		return ""
+	}
+	return info.id
 }
 
 // withBasics sets the headers every response carries, gives the request its id
-// (the caller's X-Request-Id when it is sane) and turns a panic into a logged 500.
+// (the caller's X-Request-Id when it is sane), turns a panic into a logged 500,
+// and writes the access line: never the key, only its id.
 func (s *server) withBasics(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := r.Header.Get("X-Request-Id")
-		if !saneRequestID(id) {
-			id = "req_" + randomCrockford(20)
+		start := time.Now()
+		info := &requestInfo{id: r.Header.Get("X-Request-Id")}
+		if !saneRequestID(info.id) {
+			info.id = "req_" + randomCrockford(20)
 		}
 		h := w.Header()
 		h.Set("Content-Type", "application/json")
 		h.Set("Cache-Control", "no-store")
 		h.Set("X-Content-Type-Options", "nosniff")
-		h.Set("X-Request-Id", id)
-		r = r.WithContext(context.WithValue(r.Context(), requestIDKey{}, id))
+		h.Set("X-Request-Id", info.id)
+		r = r.WithContext(context.WithValue(r.Context(), requestInfoKey{}, info))
+		rec := &recordingWriter{ResponseWriter: w, status: http.StatusOK}
 		defer func() {
 			if v := recover(); v != nil {
 				if v == http.ErrAbortHandler {
 					panic(v)
 				}
-				s.log.Error("panic", "requestId", id, "panic", v, "stack", string(debug.Stack()))
-				s.writeError(w, r, &apiError{http.StatusInternalServerError, "internal", "internal error"})
+				s.log.Error("panic", "requestId", info.id, "panic", v, "stack", string(debug.Stack()))
+				s.writeError(rec, r, &apiError{http.StatusInternalServerError, "internal", "internal error"})
 			}
+			// r.Pattern is the route the mux matched, "" for none.
+			s.log.LogAttrs(r.Context(), slog.LevelInfo, "request",
+				slog.String("method", r.Method),
+				slog.String("route", r.Pattern),
+				slog.Int("status", rec.status),
+				slog.Duration("duration", time.Since(start)),
+				slog.Int("bytes", rec.bytes),
+				slog.String("requestId", info.id),
+				slog.String("keyId", info.keyID))
 		}()
-		next.ServeHTTP(w, r)
+		next.ServeHTTP(rec, r)
 	})
 }
+
+// recordingWriter notes the status and the size of a response for the access line.
+type recordingWriter struct {
+	http.ResponseWriter
+	status int
+	bytes  int
+}
+
+func (w *recordingWriter) WriteHeader(status int) {
+	w.status = status
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *recordingWriter) Write(b []byte) (int, error) {
+	n, err := w.ResponseWriter.Write(b)
+	w.bytes += n
+	return n, err
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (w *recordingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // saneRequestID accepts 1 to 128 characters of letters, digits and ._:- so a
 // caller's id can go into logs and headers unescaped.

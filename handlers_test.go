@@ -686,37 +686,80 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
+// running is a run(...) serving in the background.
+type running struct {
+	url    string
+	stderr *syncBuffer
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// startRun starts run with "serve" args and waits until it listens. The
+// server is stopped when the test ends, if stop was not called before.
+func startRun(t *testing.T, args ...string) *running {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{stderr: newSyncBuffer(), cancel: cancel, done: make(chan error, 1)}
+	go func() {
+		r.done <- run(ctx, append([]string{"paybuttons", "-addr", "127.0.0.1:0"}, args...), noEnv, io.Discard, r.stderr)
+	}()
+	t.Cleanup(func() { r.stop() })
+	for i := 0; i < 1000; i++ {
+		if r.url = listeningURL(r.stderr.String()); r.url != "" {
+			return r
+		}
+		select {
+		case err := <-r.done:
+			t.Fatalf("run returned early: %v\n%s", err, r.stderr.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	t.Fatalf("run did not say where it listens:\n%s", r.stderr.String())
+	return nil
+}
+
+// listeningURL finds the address of the "listening" log line, text or JSON.
+func listeningURL(logs string) string {
+	for _, line := range strings.Split(logs, "\n") {
+		if _, after, ok := strings.Cut(line, "url="); ok {
+			return strings.Fields(after)[0]
+		}
+		var entry struct{ Msg, URL string }
+		if json.Unmarshal([]byte(line), &entry) == nil && entry.Msg == "listening" {
+			return entry.URL
+		}
+	}
+	return ""
+}
+
+// stop cancels run's context and returns what run returned.
+func (r *running) stop() error {
+	r.cancel()
+	err, ok := <-r.done
+	if ok {
+		close(r.done)
+	}
+	return err
+}
+
+// mintedKey is the first-start key run printed on a line of its own, or "".
+func (r *running) mintedKey() string {
+	for _, line := range strings.Split(r.stderr.String(), "\n") {
+		if strings.HasPrefix(line, "pbk_") {
+			return line
+		}
+	}
+	return ""
+}
+
 func TestRunServesAndStopsCleanly(t *testing.T) {
 	dbPath := filepath.Join(t.TempDir(), "run.db")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	stderr := newSyncBuffer()
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"paybuttons", "-addr", "127.0.0.1:0", "-db", dbPath}, noEnv, io.Discard, stderr)
-	}()
-	var url, key string
-	for i := 0; i < 500 && url == ""; i++ {
-		for _, line := range strings.Split(stderr.String(), "\n") {
-			if strings.HasPrefix(line, "pbk_") {
-				key = line
-			}
-			if _, after, ok := strings.Cut(line, "url="); ok {
-				url = strings.Fields(after)[0]
-			}
-		}
-		if url == "" {
-			select {
-			case err := <-done:
-				t.Fatalf("run returned early: %v\n%s", err, stderr.String())
-			case <-time.After(10 * time.Millisecond):
-			}
-		}
+	srv := startRun(t, "-db", dbPath)
+	key := srv.mintedKey()
+	if key == "" {
+		t.Fatalf("got no key on stderr:\n%s", srv.stderr.String())
 	}
-	if url == "" || key == "" {
-		t.Fatalf("got no url or key on stderr:\n%s", stderr.String())
-	}
-	req, _ := http.NewRequest("POST", url+"/product-payment/create", strings.NewReader(validCreate(nil)))
+	req, _ := http.NewRequest("POST", srv.url+"/product-payment/create", strings.NewReader(validCreate(nil)))
 	req.Header.Set("X-API-KEY", key)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -726,27 +769,18 @@ func TestRunServesAndStopsCleanly(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("got create status %d with the minted key, want 200", resp.StatusCode)
 	}
-	cancel()
-	if err := <-done; err != nil {
+	if err := srv.stop(); err != nil {
 		t.Fatalf("got run error %v, want nil", err)
 	}
-	if _, err := net.Dial("tcp", strings.TrimPrefix(url, "http://")); err == nil {
+	if _, err := net.Dial("tcp", strings.TrimPrefix(srv.url, "http://")); err == nil {
 		t.Error("the port still accepts connections after run returned")
 	}
 	// A second start prints no key: one exists.
-	stderr2 := newSyncBuffer()
-	ctx2, cancel2 := context.WithCancel(context.Background())
-	go func() {
-		done <- run(ctx2, []string{"paybuttons", "-addr", "127.0.0.1:0", "-db", dbPath}, noEnv, io.Discard, stderr2)
-	}()
-	for i := 0; i < 500 && !strings.Contains(stderr2.String(), "url="); i++ {
-		<-time.After(10 * time.Millisecond)
-	}
-	cancel2()
-	if err := <-done; err != nil {
+	again := startRun(t, "-db", dbPath)
+	if err := again.stop(); err != nil {
 		t.Fatalf("second run: %v", err)
 	}
-	if strings.Contains(stderr2.String(), "pbk_") {
-		t.Errorf("second start printed a key:\n%s", stderr2.String())
+	if strings.Contains(again.stderr.String(), "pbk_") {
+		t.Errorf("second start printed a key:\n%s", again.stderr.String())
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -42,10 +43,12 @@ func exitStatus(err error) int {
 const usage = `usage:
   paybuttons [serve] [-addr localhost:8080] [-db paybuttons.db] [-provider-name NAME]
                      [-rate 50] [-burst 100] [-tls-cert FILE -tls-key FILE]
+                     [-log-format text|json] [-log-level debug|info|warn|error]
   paybuttons keys create -account NAME [-db FILE]
   paybuttons keys list   [-db FILE]
   paybuttons keys revoke [-db FILE] KEY_ID
   paybuttons backup      [-db FILE] DEST_FILE
+  paybuttons version
 Every flag can also be set with PAYBUTTONS_<FLAG> (PAYBUTTONS_DB, PAYBUTTONS_RATE, ...); a flag beats its variable.`
 
 // run is the whole program: it parses args (args[0] is the program name),
@@ -67,11 +70,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return keys(ctx, args[0], args[1:], getenv, stdout)
 	case "backup":
 		return backupCommand(ctx, args, getenv, stdout)
+	case "version":
+		fmt.Fprintln(stdout, "paybuttons", version())
+		return nil
 	case "help":
 		fmt.Fprintln(stdout, usage)
 		return nil
 	}
-	return &usageError{fmt.Sprintf("unknown command %q (try: serve, keys, backup)", command)}
+	return &usageError{fmt.Sprintf("unknown command %q (try: serve, keys, backup, version)", command)}
 }
 
 // newFlags returns a flag set whose errors come back as *usageError instead of
@@ -117,6 +123,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	burst := fs.Int("burst", 100, "requests an API key may send at once")
 	tlsCert := fs.String("tls-cert", "", "TLS certificate file (PEM)")
 	tlsKey := fs.String("tls-key", "", "TLS private key file (PEM)")
+	logFormat := fs.String("log-format", "text", "log format: text or json")
+	var logLevel slog.Level
+	fs.TextVar(&logLevel, "log-level", slog.LevelInfo, "least level logged: debug, info, warn or error")
 	if err := parseFlags(fs, args, getenv); err != nil {
 		return err
 	}
@@ -129,9 +138,15 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		return &usageError{"-tls-cert and -tls-key go together"}
 	case strings.TrimSpace(*providerName) == "" || *providerName == "Stripe" || *providerName == "StripeConnect":
 		return &usageError{"-provider-name must be a name of its own, not empty, Stripe or StripeConnect"}
+	case *logFormat != "text" && *logFormat != "json":
+		return &usageError{"-log-format must be text or json"}
 	}
 
-	logger := slog.New(slog.NewTextHandler(stderr, nil))
+	logOptions := &slog.HandlerOptions{Level: logLevel}
+	logger := slog.New(slog.NewTextHandler(stderr, logOptions))
+	if *logFormat == "json" {
+		logger = slog.New(slog.NewJSONHandler(stderr, logOptions))
+	}
 	st, err := openStore(*dbPath)
 	if err != nil {
 		return err
@@ -169,7 +184,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 			served <- srv.Serve(ln)
 		}
 	}()
-	logger.Info("listening", "url", scheme+"://"+ln.Addr().String(), "db", *dbPath)
+	logger.Info("listening", "url", scheme+"://"+ln.Addr().String(), "db", *dbPath, "version", version())
 
 	select {
 	case err := <-served:
@@ -283,6 +298,27 @@ func backupCommand(ctx context.Context, args []string, getenv func(string) strin
 	}
 	fmt.Fprintf(stdout, "backup of %s written to %s\n", *dbPath, fs.Arg(0))
 	return nil
+}
+
+// version is the module version and VCS revision the binary was built from,
+// as far as the build recorded them.
+func version() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "(unknown)"
+	}
+	v := info.Main.Version
+	settings := map[string]string{}
+	for _, s := range info.Settings {
+		settings[s.Key] = s.Value
+	}
+	if rev := settings["vcs.revision"]; rev != "" {
+		v += " " + rev
+		if settings["vcs.modified"] == "true" {
+			v += "+modified"
+		}
+	}
+	return v + " " + info.GoVersion
 }
 
 func orNever(t time.Time) string {

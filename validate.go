@@ -446,6 +446,17 @@ func (f *fields) oneOf(name string, allowed ...string) (string, bool) {
 	return "", false
 }
 
+// asciiLower lower-cases ASCII letters and leaves every other byte alone.
+func asciiLower(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
+}
+
 // --- field rules ---
 
 // productName returns the trimmed name; false when it is absent or breaks a rule.
@@ -538,7 +549,8 @@ func (f *fields) billingInterval() (string, bool) {
 	if s == "" {
 		return "", true
 	}
-	interval, ok := billingIntervals[strings.ToLower(s)]
+	// Lower-cased as ASCII only: strings.ToLower maps the Kelvin sign to "k".
+	interval, ok := billingIntervals[asciiLower(s)]
 	if !ok {
 		f.fail("billingInterval", `must be one of "day", "week", "month", "year"`)
 	}
@@ -699,8 +711,12 @@ func (d decimal) scaled(exp int, limit int64) (int64, bool) {
 	if d.places() > exp {
 		return 0, false
 	}
+	digits := d.whole + d.frac + strings.Repeat("0", exp-d.places())
+	if digits == "" { // zero with no places: "0" in JPY
+		return 0, true
+	}
 	// A digit string too long for int64 is a range error, not an overflow.
-	n, err := strconv.ParseInt(d.whole+d.frac+strings.Repeat("0", exp-d.places()), 10, 64)
+	n, err := strconv.ParseInt(digits, 10, 64)
 	return n, err == nil && n <= limit
 }
 

@@ -684,3 +684,25 @@ func TestDecodeUpdateAndApply(t *testing.T) {
 		})
 	}
 }
+
+func TestBillingIntervalIsCaseInsensitiveInASCIIOnly(t *testing.T) {
+	body := func(interval string) []byte {
+		return []byte(`{"productName":"p","amount":"1","currency":"USD","paymentMethod":"Stripe","paymentType":"subscription","isLive":false,"billingInterval":"` + interval + `"}`)
+	}
+	if b, err := decodeCreate(body("WEEK"), "the service"); err != nil || b.BillingInterval != "week" {
+		t.Errorf(`"WEEK": got %q, %v, want week`, b.BillingInterval, err)
+	}
+	// U+212A KELVIN SIGN lower-cases to "k" under Unicode rules.
+	if _, err := decodeCreate(body(`wee\u212a`), "the service"); err == nil {
+		t.Error(`"wee\u212a": got accepted, want refused`)
+	}
+}
+
+func TestMinorUnitsOfZero(t *testing.T) {
+	for _, currency := range []string{"JPY", "USD"} {
+		d, _ := parseDecimal("0")
+		if n, why := minorUnits(d, currency); n != 0 || why != "" {
+			t.Errorf("minorUnits(0, %s): got %d %q, want 0 and no problem", currency, n, why)
+		}
+	}
+}
