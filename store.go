@@ -148,10 +148,11 @@ type store struct {
 	readStmts   map[string]*sql.Stmt
 }
 
-// writeOp is one caller's change; the writer runs it inside a shared transaction
-// under its own savepoint and sends its result on done. fn must not use the
-// caller's context: SQLite answers an interrupted write by rolling back the
-// whole transaction, which would fail every other caller in the batch.
+// writeOp is one caller's change; the writer runs it inside a shared
+// transaction and sends its result on done. fn must not use the caller's
+// context: SQLite answers an interrupted write by rolling back the whole
+// transaction, which would fail every other caller in the batch. fn may run
+// more than once (see commitBatch), so it must have no effect outside tx.
 type writeOp struct {
 	fn   func(tx *writeTx) error
 	done chan error
@@ -163,6 +164,7 @@ type writeOp struct {
 type writeTx struct {
 	conn  *sql.Conn
 	stmts map[string]*sql.Stmt
+	wrote bool // the current op has run a statement that may have changed rows
 }
 
 func (tx *writeTx) prepared(query string) (*sql.Stmt, error) {
@@ -183,6 +185,7 @@ func (tx *writeTx) Exec(query string, args ...any) (sql.Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	tx.wrote = true
 	return st.Exec(args...)
 }
 
@@ -319,8 +322,8 @@ var migrations = []string{
 		revoked_at   TEXT
 	) STRICT;
 	CREATE TABLE buttons (
-		id               TEXT PRIMARY KEY,
 		account          TEXT NOT NULL,
+		id               TEXT NOT NULL,
 		product_name     TEXT NOT NULL,
 		description      TEXT,
 		amount_minor     INTEGER NOT NULL,
@@ -334,9 +337,11 @@ var migrations = []string{
 		version          INTEGER NOT NULL,
 		created_at       TEXT NOT NULL,
 		updated_at       TEXT NOT NULL,
-		deleted_at       TEXT
-	) STRICT;
-	CREATE INDEX buttons_by_account ON buttons (account, id);`,
+		deleted_at       TEXT,
+		-- Every query is scoped to an account: clustering on (account, id)
+		-- serves get and the newest-first list with one B-tree.
+		PRIMARY KEY (account, id)
+	) STRICT, WITHOUT ROWID;`,
 
 	// 2: history, idempotency keys, and an index for listing by state.
 	`CREATE TABLE button_history (
@@ -481,46 +486,64 @@ func (s *store) runWriter() {
 	}
 }
 
-// commitBatch runs each op under its own savepoint, so an op that fails is
-// rolled back alone and its neighbours still commit. If the transaction itself
-// fails (begin, a lost savepoint, commit), every op gets that error and nothing
-// of the batch is stored.
+// commitBatch runs the batch's ops in one transaction and returns each op's
+// result. An op that fails before it writes (not found, wrong state, a refused
+// change) has changed nothing and simply answers its error. An op that fails
+// after writing would need a savepoint to be undone alone, and a savepoint for
+// every op costs as much as the writes themselves; so instead the transaction
+// is rolled back and the batch runs again without that op. A database fault
+// (busy, full disk) fails the whole batch: SQLite has usually rolled it back.
 func (s *store) commitBatch(batch []writeOp) []error {
-	tx := s.tx
 	results := make([]error, len(batch))
-	failAll := func(err error) []error {
-		tx.Exec("ROLLBACK") // fails harmlessly when SQLite has rolled back already
-		for i := range results {
-			results[i] = classify(err)
+	skip := make([]bool, len(batch))
+	for {
+		failed, err := s.runBatch(batch, skip, results)
+		switch {
+		case err != nil:
+			for i := range results {
+				if !skip[i] {
+					results[i] = classify(err)
+				}
+			}
+			return results
+		case failed < 0:
+			return results
 		}
-		return results
+		skip[failed] = true
 	}
+}
+
+// runBatch runs the ops not skipped in one transaction, filling in results.
+// It returns the index of an op that failed after writing (the transaction is
+// then rolled back and nothing stored), or -1 with the commit's error.
+func (s *store) runBatch(batch []writeOp, skip []bool, results []error) (int, error) {
+	tx := s.tx
 	// IMMEDIATE takes the write lock now, waiting up to busy_timeout for
-	// another process's writer, instead of failing halfway through the batch.
+	// another process's writer, instead of failing halfway through.
 	if _, err := tx.Exec("BEGIN IMMEDIATE"); err != nil {
-		return failAll(err)
+		return -1, err
 	}
 	for i, op := range batch {
-		if _, err := tx.Exec("SAVEPOINT op"); err != nil {
-			return failAll(err)
+		if skip[i] {
+			continue
 		}
-		if results[i] = op.fn(tx); results[i] != nil {
-			results[i] = classify(results[i])
-			// SQLite may roll back the whole transaction on some errors (a
-			// full disk, for one); then the savepoint is gone and so is
-			// everything before it.
-			if _, err := tx.Exec("ROLLBACK TO op"); err != nil {
-				return failAll(results[i])
-			}
+		tx.wrote = false
+		err := op.fn(tx)
+		results[i] = classify(err)
+		if err == nil || !tx.wrote {
+			continue
 		}
-		if _, err := tx.Exec("RELEASE op"); err != nil {
-			return failAll(err)
+		tx.Exec("ROLLBACK") // fails harmlessly when SQLite has rolled back already
+		if errors.Is(results[i], errUnavailable) {
+			return -1, err
 		}
+		return i, nil
 	}
 	if _, err := tx.Exec("COMMIT"); err != nil {
-		return failAll(err)
+		tx.Exec("ROLLBACK")
+		return -1, err
 	}
-	return results
+	return -1, nil
 }
 
 // now is the one clock every stored time comes from.
@@ -723,7 +746,7 @@ func (s *store) getButton(ctx context.Context, account, id string) (button, erro
 		return button{}, errNotFound
 	}
 	return scanButton(s.queryRow(ctx,
-		`SELECT `+buttonColumns+` FROM buttons WHERE id = ? AND account = ?`, id, account))
+		`SELECT `+buttonColumns+` FROM buttons WHERE account = ? AND id = ?`, account, id))
 }
 
 // listQuery is the SQL and arguments that select a page of account's buttons,
@@ -743,7 +766,13 @@ func listQuery(account string, f listFilter) (string, []any) {
 	if f.PaymentMethod != "" {
 		where, args = append(where, "payment_method = ?"), append(args, f.PaymentMethod)
 	}
-	return `SELECT ` + buttonColumns + ` FROM buttons
+	// Without statistics SQLite would walk the primary key and test each row's
+	// state; with the index, a page of a rare state costs one page of reads.
+	table := "buttons"
+	if f.State != "" {
+		table = "buttons INDEXED BY buttons_by_state"
+	}
+	return `SELECT ` + buttonColumns + ` FROM ` + table + `
 		WHERE ` + strings.Join(where, " AND ") + `
 		ORDER BY id DESC LIMIT ?`, append(args, f.Limit)
 }
@@ -796,12 +825,19 @@ func (s *store) buttonHistory(ctx context.Context, account, id string) ([]histor
 	return entries, nil
 }
 
-// recordHistory copies the button as it now is into its history, inside the
+// fieldValues are b's values in the order of buttonFields.
+func fieldValues(b button) []any {
+	return []any{b.ProductName, nullString(b.Description), b.AmountMinor, b.Currency,
+		nullString(b.BillingInterval), b.PaymentMethod, b.PaymentType, b.IsLive, nullInt(b.FeeBasisPoints),
+		b.State, b.Version, formatTime(b.CreatedAt), formatTime(b.UpdatedAt), nullTime(b.DeletedAt)}
+}
+
+// recordHistory writes b, as the change left it, into its history, inside the
 // transaction that changed it, so a change never lands without its entry.
-func recordHistory(tx *writeTx, who actor, action, id string) error {
+func recordHistory(tx *writeTx, who actor, action string, b button) error {
 	_, err := tx.Exec(`INSERT INTO button_history (button_id, account, `+buttonFields+`, action, key_id, request_id)
-		SELECT id, account, `+buttonFields+`, ?, ?, ? FROM buttons WHERE id = ?`,
-		action, who.KeyID, who.RequestID, id)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		append(append([]any{b.ID, b.Account}, fieldValues(b)...), action, who.KeyID, who.RequestID)...)
 	return err
 }
 
@@ -817,13 +853,11 @@ func (s *store) createButton(ctx context.Context, who actor, b button) (button, 
 		b.UpdatedAt = b.CreatedAt
 		_, err := tx.Exec(`INSERT INTO buttons (`+buttonColumns+`)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-			b.ID, b.Account, b.ProductName, nullString(b.Description), b.AmountMinor, b.Currency,
-			nullString(b.BillingInterval), b.PaymentMethod, b.PaymentType, b.IsLive, nullInt(b.FeeBasisPoints),
-			b.State, b.Version, formatTime(b.CreatedAt), formatTime(b.UpdatedAt), nil)
+			append([]any{b.ID, b.Account}, fieldValues(b)...)...)
 		if err != nil {
 			return b.ID, err
 		}
-		return b.ID, recordHistory(tx, who, "create", b.ID)
+		return b.ID, recordHistory(tx, who, "create", b)
 	})
 	if err != nil {
 		return button{}, err
@@ -883,7 +917,7 @@ func (s *store) modifyButton(ctx context.Context, who actor, id string, ifMatch 
 		}
 		var err error
 		b, err = scanButton(tx.QueryRow(
-			`SELECT `+buttonColumns+` FROM buttons WHERE id = ? AND account = ?`, id, who.Account))
+			`SELECT `+buttonColumns+` FROM buttons WHERE account = ? AND id = ?`, who.Account, id))
 		if err != nil {
 			return id, err
 		}
@@ -905,14 +939,14 @@ func (s *store) modifyButton(ctx context.Context, who actor, id string, ifMatch 
 				version = ?,
 				updated_at = ?,
 				deleted_at = ?
-			WHERE id = ? AND account = ?`,
+			WHERE account = ? AND id = ?`,
 			b.ProductName, nullString(b.Description), b.AmountMinor, b.Currency, nullInt(b.FeeBasisPoints),
 			b.State, b.Version, formatTime(b.UpdatedAt), nullTime(b.DeletedAt),
-			id, who.Account)
+			who.Account, id)
 		if err != nil {
 			return id, err
 		}
-		return id, recordHistory(tx, who, action, id)
+		return id, recordHistory(tx, who, action, b)
 	})
 	if err != nil {
 		return button{}, err
@@ -930,29 +964,11 @@ func (s *store) writeRecorded(ctx context.Context, who actor, change func(tx *wr
 	var id string
 	var outcome error
 	err := s.write(ctx, func(tx *writeTx) error {
-		if who.Idempotency == nil {
-			id, outcome = change(tx)
-			return outcome
-		}
-		// The change gets a savepoint of its own: a refused change is undone
-		// while the answer to it is still kept.
-		if _, err := tx.Exec("SAVEPOINT change"); err != nil {
-			return err
-		}
 		id, outcome = change(tx)
-		if sqliteCode(outcome) != 0 {
-			// A database fault is never replayed: the batch undoes the op and
-			// a retry runs afresh. SQLite may have rolled back the whole
-			// transaction already (a full disk does), savepoints included.
+		// A change that failed after writing is undone with the whole op, and
+		// a database fault is never replayed: a retry runs afresh.
+		if who.Idempotency == nil || (outcome != nil && tx.wrote) || sqliteCode(outcome) != 0 {
 			return outcome
-		}
-		if outcome != nil {
-			if _, err := tx.Exec("ROLLBACK TO change"); err != nil {
-				return outcome
-			}
-		}
-		if _, err := tx.Exec("RELEASE change"); err != nil {
-			return err
 		}
 		status, body, keep := who.Idempotency.Answer(id, outcome)
 		if !keep {
