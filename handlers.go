@@ -159,7 +159,7 @@ func (s *server) handleHistory(w http.ResponseWriter, r *http.Request, who actor
 	var before map[string]any // nothing before the create
 	for i, e := range entries {
 		after := auditedFields(e.Button)
-		items[i] = historyItem{At: formatTime(e.Button.UpdatedAt), Action: e.Action, KeyID: e.KeyID,
+		items[i] = historyItem{At: formatTime(e.At), Action: e.Action, KeyID: e.KeyID,
 			RequestID: e.RequestID, Changes: map[string]change{}}
 		for name, to := range after {
 			if from := before[name]; from != to {

@@ -105,13 +105,14 @@ type storedResponse struct {
 	Body        []byte
 }
 
-// historyEntry is one change to a button: who made it and the button as it was
-// right after.
+// historyEntry is one change to a button: who made it, when, and the button
+// as it was right after.
 type historyEntry struct {
 	Action    string // "create", "update", "delete" or "restore"
 	KeyID     string
 	RequestID string
-	Button    button // Button.UpdatedAt is when the change was made
+	At        time.Time
+	Button    button
 }
 
 // listFilter selects a page of an account's buttons, newest first.
@@ -322,8 +323,10 @@ var migrations = []string{
 		revoked_at   TEXT
 	) STRICT;
 	CREATE TABLE buttons (
-		account          TEXT NOT NULL,
-		id               TEXT NOT NULL,
+		account            TEXT NOT NULL,
+		id                 TEXT NOT NULL,
+		created_key_id     TEXT NOT NULL,
+		created_request_id TEXT NOT NULL,
 		product_name     TEXT NOT NULL,
 		description      TEXT,
 		amount_minor     INTEGER NOT NULL,
@@ -344,13 +347,18 @@ var migrations = []string{
 	) STRICT, WITHOUT ROWID;`,
 
 	// 2: history, idempotency keys, and an index for listing by state.
+	// A history row is one change after the create (whose author is on the
+	// button row) and the button as it was before that change; the button
+	// after it is the next row's, or the button itself. A create then costs
+	// one row, not two.
 	`CREATE TABLE button_history (
 		button_id        TEXT NOT NULL,
-		version          INTEGER NOT NULL,
-		account          TEXT NOT NULL,
-		action           TEXT NOT NULL CHECK (action IN ('create', 'update', 'delete', 'restore')),
+		change_version   INTEGER NOT NULL, -- the version the change made
+		action           TEXT NOT NULL CHECK (action IN ('update', 'delete', 'restore')),
 		key_id           TEXT NOT NULL,
 		request_id       TEXT NOT NULL,
+		changed_at       TEXT NOT NULL,
+		account          TEXT NOT NULL,
 		product_name     TEXT NOT NULL,
 		description      TEXT,
 		amount_minor     INTEGER NOT NULL,
@@ -361,10 +369,11 @@ var migrations = []string{
 		is_live          INTEGER NOT NULL,
 		fee_basis_points INTEGER,
 		state            TEXT NOT NULL,
+		version          INTEGER NOT NULL,
 		created_at       TEXT NOT NULL,
 		updated_at       TEXT NOT NULL,
 		deleted_at       TEXT,
-		PRIMARY KEY (button_id, version)
+		PRIMARY KEY (button_id, change_version)
 	) STRICT, WITHOUT ROWID;
 	CREATE TABLE idempotency_keys (
 		account     TEXT NOT NULL,
@@ -797,31 +806,48 @@ func (s *store) listButtons(ctx context.Context, account string, f listFilter) (
 }
 
 // buttonHistory returns every change made to account's button id, oldest
-// first, or errNotFound.
+// first, each with the button as the change left it, or errNotFound.
 func (s *store) buttonHistory(ctx context.Context, account, id string) ([]historyEntry, error) {
 	if !validButtonID(id) {
 		return nil, errNotFound
 	}
-	rows, err := s.query(ctx, `SELECT button_id, account, `+buttonFields+`, action, key_id, request_id
-		FROM button_history WHERE button_id = ? AND account = ? ORDER BY version`, id, account)
+	// One read transaction: the button and its changes as of one moment.
+	tx, err := s.reader.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, classify(err)
+	}
+	defer tx.Rollback()
+	created := historyEntry{Action: "create"}
+	current, err := scanButton(tx.QueryRowContext(ctx, `SELECT `+buttonColumns+`, created_key_id, created_request_id
+		FROM buttons WHERE account = ? AND id = ?`, account, id), &created.KeyID, &created.RequestID)
+	if err != nil {
+		return nil, err
+	}
+	created.At = current.CreatedAt
+	rows, err := tx.QueryContext(ctx, `SELECT button_id, account, `+buttonFields+`, action, key_id, request_id, changed_at
+		FROM button_history WHERE button_id = ? AND account = ? ORDER BY change_version`, id, account)
 	if err != nil {
 		return nil, classify(err)
 	}
 	defer rows.Close()
-	var entries []historyEntry
+	entries := []historyEntry{created}
 	for rows.Next() {
-		var e historyEntry
-		if e.Button, err = scanButton(rows, &e.Action, &e.KeyID, &e.RequestID); err != nil {
+		var change historyEntry
+		var at sql.NullString
+		before, err := scanButton(rows, &change.Action, &change.KeyID, &change.RequestID, &at)
+		if err != nil {
 			return nil, err
 		}
-		entries = append(entries, e)
+		if change.At, err = parseTime(at); err != nil {
+			return nil, err
+		}
+		entries[len(entries)-1].Button = before // what the previous change left
+		entries = append(entries, change)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, classify(err)
 	}
-	if len(entries) == 0 {
-		return nil, errNotFound
-	}
+	entries[len(entries)-1].Button = current
 	return entries, nil
 }
 
@@ -832,12 +858,15 @@ func fieldValues(b button) []any {
 		b.State, b.Version, formatTime(b.CreatedAt), formatTime(b.UpdatedAt), nullTime(b.DeletedAt)}
 }
 
-// recordHistory writes b, as the change left it, into its history, inside the
-// transaction that changed it, so a change never lands without its entry.
-func recordHistory(tx *writeTx, who actor, action string, b button) error {
-	_, err := tx.Exec(`INSERT INTO button_history (button_id, account, `+buttonFields+`, action, key_id, request_id)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		append(append([]any{b.ID, b.Account}, fieldValues(b)...), action, who.KeyID, who.RequestID)...)
+// recordChange writes a change to the button, with the button as it was
+// before it, into its history, inside the transaction that makes the change,
+// so a change never lands without its entry.
+func recordChange(tx *writeTx, who actor, action string, before button, at time.Time) error {
+	_, err := tx.Exec(`INSERT INTO button_history
+			(button_id, change_version, action, key_id, request_id, changed_at, account, `+buttonFields+`)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		append([]any{before.ID, before.Version + 1, action, who.KeyID, who.RequestID, formatTime(at), before.Account},
+			fieldValues(before)...)...)
 	return err
 }
 
@@ -851,13 +880,10 @@ func (s *store) createButton(ctx context.Context, who actor, b button) (button, 
 	_, err := s.writeRecorded(ctx, who, func(tx *writeTx) (string, error) {
 		b.CreatedAt = now()
 		b.UpdatedAt = b.CreatedAt
-		_, err := tx.Exec(`INSERT INTO buttons (`+buttonColumns+`)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-			append([]any{b.ID, b.Account}, fieldValues(b)...)...)
-		if err != nil {
-			return b.ID, err
-		}
-		return b.ID, recordHistory(tx, who, "create", b)
+		_, err := tx.Exec(`INSERT INTO buttons (`+buttonColumns+`, created_key_id, created_request_id)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			append(append([]any{b.ID, b.Account}, fieldValues(b)...), who.KeyID, who.RequestID)...)
+		return b.ID, err
 	})
 	if err != nil {
 		return button{}, err
@@ -924,6 +950,7 @@ func (s *store) modifyButton(ctx context.Context, who actor, id string, ifMatch 
 		if ifMatch != 0 && ifMatch != b.Version {
 			return id, errPreconditionFailed
 		}
+		before := b
 		if err := change(&b); err != nil {
 			return id, err
 		}
@@ -946,7 +973,7 @@ func (s *store) modifyButton(ctx context.Context, who actor, id string, ifMatch 
 		if err != nil {
 			return id, err
 		}
-		return id, recordHistory(tx, who, action, b)
+		return id, recordChange(tx, who, action, before, b.UpdatedAt)
 	})
 	if err != nil {
 		return button{}, err
