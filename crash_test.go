@@ -488,7 +488,7 @@ func TestCrashKeepsAcknowledgedWrites(t *testing.T) {
 	}
 	defer st.close()
 	for _, want := range m.byID {
-		got, err := st.getButton(context.Background(), "acme", want.id)
+		got, err := readStoredButton(st, "acme", want.id)
 		if err != nil {
 			t.Errorf("button %s (%s): %v after restart", want.id, want.desc, err)
 			continue

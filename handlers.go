@@ -39,7 +39,7 @@ func newServer(st *store, log *slog.Logger, providerName string, limiter *rateLi
 	s := &server{store: st, log: log, providerName: providerName, limiter: limiter}
 	mux := http.NewServeMux()
 	mux.Handle("POST /product-payment/create", s.withKey(s.handleCreate))
-	mux.Handle("GET /product-payment/get/{id}", s.withKey(s.handleGet))
+	mux.HandleFunc("GET /product-payment/get/{id}", s.handleGet) // checks the key in its own query
 	mux.Handle("GET /product-payment/list", s.withKey(s.handleList))
 	mux.Handle("GET /product-payment/history/{id}", s.withKey(s.handleHistory))
 	mux.Handle("POST /product-payment/update/{id}", s.withKey(s.handleUpdate))
@@ -93,10 +93,19 @@ func (s *server) handleCreate(w http.ResponseWriter, r *http.Request, who actor)
 	})
 }
 
-func (s *server) handleGet(w http.ResponseWriter, r *http.Request, who actor) {
-	b, err := s.store.getButton(r.Context(), who.Account, r.PathValue("id"))
-	if err != nil {
-		s.writeError(w, r, err)
+// handleGet reads the button and checks the key in the same query (see
+// getButtonWithKey), so it admits the key itself rather than through withKey.
+func (s *server) handleGet(w http.ResponseWriter, r *http.Request) {
+	secret, ok := s.apiKeyHeader(w, r)
+	if !ok {
+		return
+	}
+	key, b, err := s.store.getButtonWithKey(r.Context(), secret, r.PathValue("id"))
+	if !s.admit(w, r, key, err) {
+		return
+	}
+	if b.ID == "" {
+		s.writeError(w, r, errNotFound)
 		return
 	}
 	w.Header().Set("ETag", strconv.Quote(strconv.FormatInt(b.Version, 10)))
@@ -505,30 +514,47 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 // before next runs, and so before any body is read.
 func (s *server) withKey(next keyedHandler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		secret := r.Header.Get("X-API-KEY")
-		if secret == "" {
-			s.writeError(w, r, &apiError{http.StatusUnauthorized, "unauthorized", "the X-API-KEY header is required"})
+		secret, ok := s.apiKeyHeader(w, r)
+		if !ok {
 			return
 		}
 		key, err := s.store.authenticate(r.Context(), secret)
-		if errors.Is(err, errNotFound) {
-			s.writeError(w, r, &apiError{http.StatusUnauthorized, "unauthorized", "the API key is not valid"})
-			return
+		if s.admit(w, r, key, err) {
+			next(w, r, actor{Account: key.Account, KeyID: key.ID, RequestID: requestID(r.Context())})
 		}
-		if err != nil {
-			s.writeError(w, r, err)
-			return
-		}
-		if info, _ := r.Context().Value(requestInfoKey{}).(*requestInfo); info != nil {
-			info.keyID = key.ID
-		}
-		if ok, wait := s.limiter.allow(key.ID, time.Now()); !ok {
-			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
-			s.writeError(w, r, &apiError{http.StatusTooManyRequests, "rate_limited", "too many requests for this API key; retry later"})
-			return
-		}
-		next(w, r, actor{Account: key.Account, KeyID: key.ID, RequestID: requestID(r.Context())})
 	})
+}
+
+// apiKeyHeader returns the X-API-KEY header, or answers 401 if there is none.
+func (s *server) apiKeyHeader(w http.ResponseWriter, r *http.Request) (string, bool) {
+	secret := r.Header.Get("X-API-KEY")
+	if secret == "" {
+		s.writeError(w, r, &apiError{http.StatusUnauthorized, "unauthorized", "the X-API-KEY header is required"})
+	}
+	return secret, secret != ""
+}
+
+// admit answers 401 for an unknown or revoked key (authErr errUnknownKey), the
+// fault for any other authErr, and 429 for a key over its rate limit; else it
+// names the key in the access line and says the request may go on.
+func (s *server) admit(w http.ResponseWriter, r *http.Request, key apiKey, authErr error) bool {
+	switch {
+	case errors.Is(authErr, errUnknownKey):
+		s.writeError(w, r, &apiError{http.StatusUnauthorized, "unauthorized", "the API key is not valid"})
+		return false
+	case authErr != nil:
+		s.writeError(w, r, authErr)
+		return false
+	}
+	if info, _ := r.Context().Value(requestInfoKey{}).(*requestInfo); info != nil {
+		info.keyID = key.ID
+	}
+	if ok, wait := s.limiter.allow(key.ID, time.Now()); !ok {
+		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
+		s.writeError(w, r, &apiError{http.StatusTooManyRequests, "rate_limited", "too many requests for this API key; retry later"})
+		return false
+	}
+	return true
 }
 
 // enveloped routes through mux, but answers what the mux would answer in plain

@@ -179,7 +179,12 @@ func (e *testEnv) create(key, body string) string {
 
 // stored reads a button straight from the database, bypassing the API.
 func (e *testEnv) stored(account, id string) (button, error) {
-	return e.store.getButton(context.Background(), account, id)
+	return readStoredButton(e.store, account, id)
+}
+
+// readStoredButton reads account's button id from st's tables, or errNotFound.
+func readStoredButton(st *store, account, id string) (button, error) {
+	return scanButton(st.reader.QueryRow(`SELECT `+buttonColumns+` FROM buttons WHERE account = ? AND id = ?`, account, id))
 }
 
 // countButtons counts every row in the buttons table.
@@ -657,7 +662,7 @@ func TestRestartKeepsEverything(t *testing.T) {
 		t.Fatalf("reopen: %v", err)
 	}
 	defer st.close()
-	got, err := st.getButton(context.Background(), "acme", id)
+	got, err := readStoredButton(st, "acme", id)
 	if err != nil || got != want {
 		t.Errorf("after restart got %+v (%v), want %+v", got, err, want)
 	}

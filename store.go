@@ -22,6 +22,7 @@ import (
 // Expected outcomes, mapped to HTTP statuses in one place (handlers.go).
 var (
 	errNotFound           = errors.New("not found")
+	errUnknownKey         = errors.New("unknown or revoked API key")
 	errPreconditionFailed = errors.New("version does not match")
 	errUnavailable        = errors.New("database unavailable")
 	errClosed             = errors.New("store is closed")
@@ -674,8 +675,8 @@ func (s *store) revokeKey(ctx context.Context, id string) error {
 }
 
 // authenticate returns the live key whose secret this is. Unknown and revoked
-// keys are both errNotFound. It reads the database every time, so a revoke from
-// another process takes effect on the very next request.
+// keys are both errUnknownKey. It reads the database every time, so a revoke
+// from another process takes effect on the very next request.
 func (s *store) authenticate(ctx context.Context, secret string) (apiKey, error) {
 	hash := sha256.Sum256([]byte(secret))
 	var k apiKey
@@ -683,7 +684,7 @@ func (s *store) authenticate(ctx context.Context, secret string) (apiKey, error)
 		`SELECT id, account FROM api_keys WHERE secret_hash = ? AND revoked_at IS NULL`,
 		hash[:]).Scan(&k.ID, &k.Account)
 	if errors.Is(err, sql.ErrNoRows) {
-		return apiKey{}, errNotFound
+		return apiKey{}, errUnknownKey
 	}
 	if err != nil {
 		return apiKey{}, classify(err)
@@ -746,16 +747,6 @@ func scanButton(row rowScanner, extra ...any) (button, error) {
 		return button{}, err
 	}
 	return b, nil
-}
-
-// getButton returns account's button with id, deleted or not, or errNotFound
-// (also for another account's button, and for ids of the wrong form).
-func (s *store) getButton(ctx context.Context, account, id string) (button, error) {
-	if !validButtonID(id) {
-		return button{}, errNotFound
-	}
-	return scanButton(s.queryRow(ctx,
-		`SELECT `+buttonColumns+` FROM buttons WHERE account = ? AND id = ?`, account, id))
 }
 
 // listQuery is the SQL and arguments that select a page of account's buttons,
@@ -868,6 +859,31 @@ func recordChange(tx *writeTx, who actor, action string, before button, at time.
 		append([]any{before.ID, before.Version + 1, action, who.KeyID, who.RequestID, formatTime(at), before.Account},
 			fieldValues(before)...)...)
 	return err
+}
+
+// getButtonWithKey authenticates secret as authenticate does and returns the
+// key with its account's button id, in one query when the button is there:
+// get is the hottest path, and a separate key query costs as much as the read.
+// The button is zero when the account has none with that id; the error is
+// errUnknownKey or a fault.
+func (s *store) getButtonWithKey(ctx context.Context, secret, id string) (apiKey, button, error) {
+	if validButtonID(id) {
+		hash := sha256.Sum256([]byte(secret))
+		var k apiKey
+		b, err := scanButton(s.queryRow(ctx, `SELECT `+buttonColumns+`, key_id, key_account
+			FROM (SELECT id AS key_id, account AS key_account FROM api_keys
+				WHERE secret_hash = ? AND revoked_at IS NULL)
+			JOIN buttons ON account = key_account AND id = ?`, hash[:], id), &k.ID, &k.Account)
+		if err == nil {
+			s.noteKeyUsed(k.ID)
+		}
+		if !errors.Is(err, errNotFound) {
+			return k, b, err
+		}
+	}
+	// No row: an unknown key, or no such button.
+	k, err := s.authenticate(ctx, secret)
+	return k, button{}, err
 }
 
 // createButton stores b as a new active button of the actor's account and
