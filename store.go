@@ -134,7 +134,8 @@ type store struct {
 	reader  *sql.DB
 	writes  chan writeOp
 	quit    chan struct{}
-	stopped chan struct{}
+	stopped chan struct{}  // closed when the writer has stopped
+	helpers sync.WaitGroup // the purger and the checkpointer
 	ids     idGenerator
 
 	closeOnce sync.Once
@@ -259,12 +260,16 @@ func openStore(path string) (*store, error) {
 	}
 	// Pragmas live in the DSN so that every pooled connection gets them.
 	common := "?_pragma=busy_timeout(5000)&_pragma=foreign_keys(1)"
+	// The writer never checkpoints on commit (wal_autocheckpoint 0): copying
+	// the WAL into the database and syncing it would hold every write queued
+	// behind it. runCheckpointer does it beside the writer instead.
 	writer, err := sql.Open("sqlite", path+common+
-		"&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_txlock=immediate")
+		"&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=wal_autocheckpoint(0)"+
+		"&_pragma=journal_size_limit(67108864)&_txlock=immediate")
 	if err != nil {
 		return nil, err
 	}
-	writer.SetMaxOpenConns(1)
+	writer.SetMaxOpenConns(2) // the writer's own connection and the checkpointer's
 	if err := migrate(writer); err != nil {
 		writer.Close()
 		return nil, fmt.Errorf("database %q: %w", path, err)
@@ -293,7 +298,8 @@ func openStore(path string) (*store, error) {
 		lastUsedSaved: map[string]time.Time{},
 	}
 	go s.runWriter()
-	go s.runPurger(10 * time.Minute)
+	s.helpers.Go(func() { s.runPurger(10 * time.Minute) })
+	s.helpers.Go(func() { s.runCheckpointer(time.Second) })
 	return s, nil
 }
 
@@ -304,6 +310,7 @@ func (s *store) close() error {
 	s.closeOnce.Do(func() {
 		close(s.quit)
 		<-s.stopped
+		s.helpers.Wait() // the last checkpoint must not meet a running one
 		_, cerr := s.tx.conn.ExecContext(context.Background(), "PRAGMA wal_checkpoint(TRUNCATE)")
 		s.closeErr = errors.Join(cerr, s.tx.close(), s.reader.Close(), s.writer.Close())
 	})
@@ -1072,6 +1079,23 @@ func (s *store) purgeExpired(ctx context.Context) (int64, error) {
 		total += n
 		if err != nil || n < 500 {
 			return total, err
+		}
+	}
+}
+
+// runCheckpointer copies the WAL into the database file every interval until
+// the store closes. PASSIVE never waits for, nor holds up, the writer or the
+// readers; once a checkpoint has caught up, the next write starts the WAL
+// file over, so it stays small.
+func (s *store) runCheckpointer(interval time.Duration) {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-s.quit:
+			return
+		case <-tick.C:
+			s.writer.Exec("PRAGMA wal_checkpoint(PASSIVE)") // a failed one is tried again at the next tick
 		}
 	}
 }
