@@ -285,8 +285,10 @@ func openStore(path string) (*store, error) {
 		writer.Close()
 		return nil, err
 	}
-	reader.SetMaxOpenConns(8)
-	reader.SetMaxIdleConns(8)
+	// Each connection keeps its own page cache (2 MB); a few are enough to
+	// keep two cores busy.
+	reader.SetMaxOpenConns(4)
+	reader.SetMaxIdleConns(4)
 	s := &store{
 		writer:        writer,
 		tx:            &writeTx{conn: conn, stmts: map[string]*sql.Stmt{}},
