@@ -135,7 +135,7 @@ type store struct {
 	writes  chan writeOp
 	quit    chan struct{}
 	stopped chan struct{}  // closed when the writer has stopped
-	helpers sync.WaitGroup // the purger and the checkpointer
+	helpers sync.WaitGroup // the purger
 	ids     idGenerator
 
 	closeOnce sync.Once
@@ -260,16 +260,16 @@ func openStore(path string) (*store, error) {
 	}
 	// Pragmas live in the DSN so that every pooled connection gets them.
 	common := "?_pragma=busy_timeout(5000)&_pragma=foreign_keys(1)"
-	// The writer never checkpoints on commit (wal_autocheckpoint 0): copying
-	// the WAL into the database and syncing it would hold every write queued
-	// behind it. runCheckpointer does it beside the writer instead.
+	// The writer checkpoints as it commits (SQLite's default, every 1000 WAL
+	// pages). A checkpointer beside it cannot keep the WAL small: the WAL only
+	// starts over when a write begins right after a checkpoint caught up, and
+	// under steady writes that moment never comes to another connection.
 	writer, err := sql.Open("sqlite", path+common+
-		"&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=wal_autocheckpoint(0)"+
-		"&_pragma=journal_size_limit(67108864)&_txlock=immediate")
+		"&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_txlock=immediate")
 	if err != nil {
 		return nil, err
 	}
-	writer.SetMaxOpenConns(2) // the writer's own connection and the checkpointer's
+	writer.SetMaxOpenConns(1)
 	if err := migrate(writer); err != nil {
 		writer.Close()
 		return nil, fmt.Errorf("database %q: %w", path, err)
@@ -301,7 +301,6 @@ func openStore(path string) (*store, error) {
 	}
 	go s.runWriter()
 	s.helpers.Go(func() { s.runPurger(10 * time.Minute) })
-	s.helpers.Go(func() { s.runCheckpointer(time.Second) })
 	return s, nil
 }
 
@@ -312,7 +311,7 @@ func (s *store) close() error {
 	s.closeOnce.Do(func() {
 		close(s.quit)
 		<-s.stopped
-		s.helpers.Wait() // the last checkpoint must not meet a running one
+		s.helpers.Wait()
 		_, cerr := s.tx.conn.ExecContext(context.Background(), "PRAGMA wal_checkpoint(TRUNCATE)")
 		s.closeErr = errors.Join(cerr, s.tx.close(), s.reader.Close(), s.writer.Close())
 	})
@@ -1081,23 +1080,6 @@ func (s *store) purgeExpired(ctx context.Context) (int64, error) {
 		total += n
 		if err != nil || n < 500 {
 			return total, err
-		}
-	}
-}
-
-// runCheckpointer copies the WAL into the database file every interval until
-// the store closes. PASSIVE never waits for, nor holds up, the writer or the
-// readers; once a checkpoint has caught up, the next write starts the WAL
-// file over, so it stays small.
-func (s *store) runCheckpointer(interval time.Duration) {
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-s.quit:
-			return
-		case <-tick.C:
-			s.writer.Exec("PRAGMA wal_checkpoint(PASSIVE)") // a failed one is tried again at the next tick
 		}
 	}
 }
