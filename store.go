@@ -260,12 +260,14 @@ func openStore(path string) (*store, error) {
 	}
 	// Pragmas live in the DSN so that every pooled connection gets them.
 	common := "?_pragma=busy_timeout(5000)&_pragma=foreign_keys(1)"
-	// The writer checkpoints as it commits (SQLite's default, every 1000 WAL
-	// pages). A checkpointer beside it cannot keep the WAL small: the WAL only
-	// starts over when a write begins right after a checkpoint caught up, and
-	// under steady writes that moment never comes to another connection.
+	// The writer checkpoints as it commits, every 4000 WAL pages (16 MB): a
+	// checkpoint copies each page once however often it changed, so fewer,
+	// larger ones cost the writer less than SQLite's default 1000 (create p99
+	// 1.6 times the ceiling's instead of 2.1). A checkpointer beside the writer
+	// cannot keep the WAL small: the WAL only starts over when a write begins
+	// right after a checkpoint caught up, a moment another connection never sees.
 	writer, err := sql.Open("sqlite", path+common+
-		"&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_txlock=immediate")
+		"&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=wal_autocheckpoint(4000)&_txlock=immediate")
 	if err != nil {
 		return nil, err
 	}

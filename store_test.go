@@ -121,7 +121,10 @@ func TestWALStaysSmallUnderReadsAndWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.Size() > 16<<20 {
-		t.Errorf("got a WAL of %d MB after 10,000 creates, want it to stay near 4 MB", info.Size()>>20)
+	// The writer checkpoints at 4000 pages (16 MB); a WAL that never starts
+	// over passes 40 MB here.
+	if info.Size() > 24<<20 {
+		t.Errorf("got a WAL of %d MB after 10,000 creates, want it to stay near 16 MB", info.Size()>>20)
 	}
+	t.Logf("WAL after 10,000 creates: %.1f MB", float64(info.Size())/(1<<20))
 }
