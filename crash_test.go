@@ -176,57 +176,6 @@ func mintKeyCLI(t *testing.T, dbPath, account string) string {
 	return strings.TrimSpace(stdout.String())
 }
 
-// apiReply is one answer read back completely.
-type apiReply struct {
-	status int
-	header http.Header
-	raw    []byte
-	env    struct {
-		IsSuccess bool            `json:"isSuccess"`
-		Data      json.RawMessage `json:"data"`
-		Message   string          `json:"message"`
-		Code      string          `json:"code"`
-	}
-}
-
-func (r apiReply) data() string {
-	var s string
-	json.Unmarshal(r.env.Data, &s)
-	return s
-}
-
-func (r apiReply) String() string { return fmt.Sprintf("status %d body %s", r.status, r.raw) }
-
-// callAPI sends one request and reads the whole answer. The error is non-nil
-// when there is no complete envelope: the request may or may not have been
-// applied. Safe to call from any goroutine.
-func callAPI(client *http.Client, method, url, key, body string, headers ...string) (apiReply, error) {
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
-	if err != nil {
-		return apiReply{}, err
-	}
-	// Without GetBody the transport never sends a request twice on its own
-	// (it would, for one with an Idempotency-Key), so one call is one request.
-	req.GetBody = nil
-	req.Header.Set("X-API-KEY", key)
-	for i := 0; i+1 < len(headers); i += 2 {
-		req.Header.Set(headers[i], headers[i+1])
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return apiReply{}, err
-	}
-	defer resp.Body.Close()
-	r := apiReply{status: resp.StatusCode, header: resp.Header}
-	if r.raw, err = io.ReadAll(resp.Body); err != nil {
-		return r, err
-	}
-	if err := json.Unmarshal(r.raw, &r.env); err != nil {
-		return r, fmt.Errorf("body is not the envelope: %v: %s", err, r.raw)
-	}
-	return r, nil
-}
-
 func newTestClient() *http.Client {
 	return &http.Client{
 		Transport: &http.Transport{MaxIdleConnsPerHost: 32},
@@ -318,11 +267,11 @@ func (w *crashWorker) run() {
 				w.lost = b
 				return
 			}
-			if r.status != 200 || !validButtonID(r.data()) {
+			if r.status != 200 || !validButtonID(r.dataString()) {
 				w.t.Errorf("create %s: got %v, want 200 with a button id", b.desc, r)
 				return
 			}
-			b.id = r.data()
+			b.id = r.dataString()
 			if b.idemKey != "" {
 				w.keys[b.idemKey] = b.id
 			}
@@ -362,7 +311,7 @@ func (w *crashWorker) run() {
 			b.pending = &c
 			return
 		}
-		if r.status != 200 || r.data() != b.id {
+		if r.status != 200 || r.dataString() != b.id {
 			w.t.Errorf("%s %s%s %s: got %v, want 200", method, path, b.id, body, r)
 			return
 		}
@@ -824,12 +773,12 @@ func retryLostCreates(t *testing.T, client *http.Client, url, key string, m *cra
 		}
 		replayed := r.header.Get("Idempotent-Replayed") == "true"
 		switch {
-		case b.id != "" && (!replayed || r.data() != b.id):
-			t.Errorf("retry of create %s, stored as %s before the kill: got %s (replayed %v), want a replay of %s", b.desc, b.id, r.data(), replayed, b.id)
-		case b.id == "" && (replayed || !validButtonID(r.data())):
+		case b.id != "" && (!replayed || r.dataString() != b.id):
+			t.Errorf("retry of create %s, stored as %s before the kill: got %s (replayed %v), want a replay of %s", b.desc, b.id, r.dataString(), replayed, b.id)
+		case b.id == "" && (replayed || !validButtonID(r.dataString())):
 			t.Errorf("retry of create %s, not stored before the kill: got %v (replayed %v), want a new button", b.desc, r, replayed)
 		case b.id == "":
-			b.id = r.data()
+			b.id = r.dataString()
 			m.byID[b.id] = b
 			m.keys[b.idemKey] = b.id
 		default:
@@ -875,7 +824,7 @@ func TestShutdownUnderLoadFinishesRequestsInFlight(t *testing.T) {
 					t.Errorf("create %s during shutdown: got %v, want 200", b.desc, r)
 					return
 				}
-				acked.Store(b.desc, r.data())
+				acked.Store(b.desc, r.dataString())
 				nAcked.Add(1)
 			}
 		})

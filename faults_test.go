@@ -23,7 +23,7 @@ import (
 
 // wantUnavailable checks a 503 answer: code unavailable, empty data and a
 // Retry-After of a positive number of seconds.
-func wantUnavailable(t *testing.T, what string, r apiReply) {
+func wantUnavailable(t *testing.T, what string, r response) {
 	t.Helper()
 	if r.status != http.StatusServiceUnavailable || r.env.IsSuccess || r.env.Code != "unavailable" || string(r.env.Data) != `""` {
 		t.Errorf("%s: got %v, want 503 unavailable with data \"\"", what, r)
@@ -45,8 +45,8 @@ func wantFreshAfterFault(t *testing.T, e *testEnv, body, key string) {
 		t.Fatalf("create with Idempotency-Key %s after its 503: got %v (%v, replayed %q), want 200 run afresh",
 			key, first, err, first.header.Get("Idempotent-Replayed"))
 	}
-	if _, err := e.stored("acme", first.data()); err != nil {
-		t.Errorf("create with Idempotency-Key %s answered 200 for %s: %v", key, first.data(), err)
+	if _, err := e.stored("acme", first.dataString()); err != nil {
+		t.Errorf("create with Idempotency-Key %s answered 200 for %s: %v", key, first.dataString(), err)
 	}
 	again, err := callAPI(client, "POST", e.url+"/product-payment/create", e.key, body, "Idempotency-Key", key)
 	if err != nil || again.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(again.raw, first.raw) {
@@ -153,7 +153,7 @@ func TestFullDiskAnswersUnavailable(t *testing.T) {
 	big := strings.Repeat("é", 5000) // 10 KB: needs new overflow pages
 	bigCreate := validCreate(map[string]any{"description": big})
 	before := e.countButtons()
-	create := func() (apiReply, error) {
+	create := func() (response, error) {
 		return callAPI(client, "POST", e.url+"/product-payment/create", e.key, bigCreate)
 	}
 	r, err := create()
@@ -194,7 +194,7 @@ func TestFullDiskAnswersUnavailable(t *testing.T) {
 	})
 	<-holding
 	type outcome struct {
-		r   apiReply
+		r   response
 		err error
 	}
 	creates := make([]outcome, 3)
@@ -407,7 +407,7 @@ func TestHugeBodyIsRefusedUnread(t *testing.T) {
 					if a.err != nil {
 						t.Fatalf("no answer: %v", a.err)
 					}
-					var r apiReply
+					var r response
 					r.status, r.raw = a.status, a.body
 					if err := json.Unmarshal(a.body, &r.env); err != nil || r.status != 413 || r.env.IsSuccess || r.env.Code != "payload_too_large" {
 						t.Errorf("got %v (%v), want 413 payload_too_large", r, err)

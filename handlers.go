@@ -214,37 +214,37 @@ func (s *server) handleUpdate(w http.ResponseWriter, r *http.Request, who actor)
 	}
 	s.respond(w, r, who, body, "updated", func(who actor) (string, error) {
 		ifMatch, err := parseIfMatch(r.Header.Get("If-Match"))
-		if err == nil {
-			var u updateRequest
-			if u, err = decodeUpdate(body); err == nil {
-				_, err = s.store.updateButton(r.Context(), who, id, ifMatch, u.apply)
-				return id, err
-			}
-		}
-		return id, s.store.reject(r.Context(), who, err)
-	})
-}
-
-func (s *server) handleDelete(w http.ResponseWriter, r *http.Request, who actor) {
-	id := r.PathValue("id")
-	s.respond(w, r, who, nil, "deleted", func(who actor) (string, error) {
-		ifMatch, err := parseIfMatch(r.Header.Get("If-Match"))
 		if err != nil {
 			return id, s.store.reject(r.Context(), who, err)
 		}
-		_, err = s.store.deleteButton(r.Context(), who, id, ifMatch)
+		u, err := decodeUpdate(body)
+		if err != nil {
+			return id, s.store.reject(r.Context(), who, err)
+		}
+		_, err = s.store.updateButton(r.Context(), who, id, ifMatch, u.apply)
 		return id, err
 	})
 }
 
+func (s *server) handleDelete(w http.ResponseWriter, r *http.Request, who actor) {
+	s.changeState(w, r, who, "deleted", s.store.deleteButton)
+}
+
 func (s *server) handleRestore(w http.ResponseWriter, r *http.Request, who actor) {
+	s.changeState(w, r, who, "restored", s.store.restoreButton)
+}
+
+// changeState runs delete or restore, whose only input besides the id is
+// If-Match; any body is ignored.
+func (s *server) changeState(w http.ResponseWriter, r *http.Request, who actor, message string,
+	change func(ctx context.Context, who actor, id string, ifMatch int64) (button, error)) {
 	id := r.PathValue("id")
-	s.respond(w, r, who, nil, "restored", func(who actor) (string, error) {
+	s.respond(w, r, who, nil, message, func(who actor) (string, error) {
 		ifMatch, err := parseIfMatch(r.Header.Get("If-Match"))
 		if err != nil {
 			return id, s.store.reject(r.Context(), who, err)
 		}
-		_, err = s.store.restoreButton(r.Context(), who, id, ifMatch)
+		_, err = change(r.Context(), who, id, ifMatch)
 		return id, err
 	})
 }

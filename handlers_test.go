@@ -109,27 +109,43 @@ func (r response) dataString() string {
 // envelope, failing the test if the body is not one.
 func (e *testEnv) do(method, path, key, body string, headers ...string) response {
 	e.t.Helper()
-	req, err := http.NewRequest(method, e.url+path, strings.NewReader(body))
+	r, err := callAPI(http.DefaultClient, method, e.url+path, key, body, headers...)
 	if err != nil {
-		e.t.Fatalf("new request: %v", err)
+		e.t.Fatalf("%s: %v", r.request, err)
 	}
+	return r
+}
+
+// callAPI sends one request with key as X-API-KEY ("" for none) and headers
+// as name, value pairs, and reads the envelope it is answered with.
+func callAPI(client *http.Client, method, url, key, body string, headers ...string) (response, error) {
+	r := response{request: method + " " + url + " " + body}
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		return r, err
+	}
+	// Without GetBody the transport never sends a request twice on its own
+	// (it would, for one with an Idempotency-Key), so one call is one request.
+	req.GetBody = nil
 	if key != "" {
 		req.Header.Set("X-API-KEY", key)
 	}
 	for i := 0; i+1 < len(headers); i += 2 {
 		req.Header.Set(headers[i], headers[i+1])
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
-		e.t.Fatalf("%s %s: %v", method, path, err)
+		return r, err
 	}
 	defer resp.Body.Close()
-	out := response{status: resp.StatusCode, header: resp.Header, request: method + " " + path + " " + body}
-	out.raw, _ = io.ReadAll(resp.Body)
-	if err := json.Unmarshal(out.raw, &out.env); err != nil {
-		e.t.Fatalf("%s: body is not the envelope: %v\n%s", out.request, err, out.raw)
+	r.status, r.header = resp.StatusCode, resp.Header
+	if r.raw, err = io.ReadAll(resp.Body); err != nil {
+		return r, err
 	}
-	return out
+	if err := json.Unmarshal(r.raw, &r.env); err != nil {
+		return r, fmt.Errorf("body is not the envelope: %v: %s", err, r.raw)
+	}
+	return r, nil
 }
 
 // want checks status, isSuccess and code together.

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"io"
+	"log/slog"
 	"math/big"
 	"net"
 	"net/http"
@@ -185,5 +186,24 @@ func TestHealthz(t *testing.T) {
 	r.want(t, 503, "unavailable")
 	if r.header.Get("Retry-After") == "" {
 		t.Error("got no Retry-After on a 503")
+	}
+}
+
+func TestLogWriterHoldsInfoLinesAndFlushesWarnings(t *testing.T) {
+	out := newSyncBuffer()
+	w := newLogWriter(out, time.Hour)
+	logger := slog.New(slog.NewTextHandler(w, nil))
+	logger.Info("request", "n", 1)
+	if got := out.String(); got != "" {
+		t.Errorf("an info line was written at once: %q", got)
+	}
+	logger.Warn("trouble")
+	if got := out.String(); !strings.Contains(got, "msg=request") || !strings.Contains(got, "msg=trouble") {
+		t.Errorf("after a warning got %q, want both lines written", got)
+	}
+	logger.Info("last")
+	w.Close()
+	if got := out.String(); !strings.Contains(got, "msg=last") {
+		t.Errorf("after Close got %q, want the last line written", got)
 	}
 }

@@ -134,8 +134,8 @@ type store struct {
 	reader  *sql.DB
 	writes  chan writeOp
 	quit    chan struct{}
-	stopped chan struct{}  // closed when the writer has stopped
-	helpers sync.WaitGroup // the purger
+	stopped chan struct{} // closed when the writer has stopped
+	purger  sync.WaitGroup
 	ids     idGenerator
 
 	closeOnce sync.Once
@@ -302,7 +302,7 @@ func openStore(path string) (*store, error) {
 		lastUsedSaved: map[string]time.Time{},
 	}
 	go s.runWriter()
-	s.helpers.Go(func() { s.runPurger(10 * time.Minute) })
+	s.purger.Go(func() { s.runPurger(10 * time.Minute) })
 	return s, nil
 }
 
@@ -313,7 +313,7 @@ func (s *store) close() error {
 	s.closeOnce.Do(func() {
 		close(s.quit)
 		<-s.stopped
-		s.helpers.Wait()
+		s.purger.Wait()
 		_, cerr := s.tx.conn.ExecContext(context.Background(), "PRAGMA wal_checkpoint(TRUNCATE)")
 		s.closeErr = errors.Join(cerr, s.tx.close(), s.reader.Close(), s.writer.Close())
 	})
@@ -334,9 +334,9 @@ var migrations = []string{
 		revoked_at   TEXT
 	) STRICT;
 	CREATE TABLE buttons (
-		account            TEXT NOT NULL,
-		id                 TEXT NOT NULL,
-		created_key_id     TEXT NOT NULL,
+		account          TEXT NOT NULL,
+		id               TEXT NOT NULL,
+		created_key_id   TEXT NOT NULL, -- the create's author: history has no row for it
 		created_request_id TEXT NOT NULL,
 		product_name     TEXT NOT NULL,
 		description      TEXT,
