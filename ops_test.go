@@ -15,6 +15,7 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -184,8 +185,8 @@ func TestHealthz(t *testing.T) {
 	e.store.reader.Close()
 	r = e.do("GET", "/healthz", "", "")
 	r.want(t, 503, "unavailable")
-	if r.header.Get("Retry-After") == "" {
-		t.Error("got no Retry-After on a 503")
+	if r.header.Get("Retry-After") == "" || r.env.Message != "the database does not answer" {
+		t.Errorf("got Retry-After %q and message %q, want a Retry-After and the database does not answer", r.header.Get("Retry-After"), r.env.Message)
 	}
 }
 
@@ -205,5 +206,26 @@ func TestLogWriterHoldsInfoLinesAndFlushesWarnings(t *testing.T) {
 	w.Close()
 	if got := out.String(); !strings.Contains(got, "msg=last") {
 		t.Errorf("after Close got %q, want the last line written", got)
+	}
+}
+
+func TestPanicIsA500ThatLogsTheStack(t *testing.T) {
+	logs := newSyncBuffer()
+	s := &server{log: slog.New(slog.NewTextHandler(logs, nil))}
+	h := s.withBasics(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("secret detail") }))
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest("GET", "/anything", nil)
+	req.Header.Set("X-Request-Id", "trace-500")
+	h.ServeHTTP(rec, req)
+
+	want := `{"isSuccess":false,"data":"","message":"internal error","code":"internal"}`
+	if rec.Code != 500 || rec.Body.String() != want {
+		t.Errorf("got %d %s, want 500 %s", rec.Code, rec.Body, want)
+	}
+	got := logs.String()
+	for _, part := range []string{"secret detail", "requestId=trace-500", "goroutine", "status=500"} {
+		if !strings.Contains(got, part) {
+			t.Errorf("the log lacks %q:\n%s", part, got)
+		}
 	}
 }
