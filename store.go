@@ -146,9 +146,9 @@ type store struct {
 	lastUsedMu    sync.Mutex
 	lastUsedSaved map[string]time.Time
 
-	// readStmts are the reader pool's prepared statements, by SQL text.
-	readStmtsMu sync.Mutex
-	readStmts   map[string]*sql.Stmt
+	// readStmts holds the reader pool's prepared statements by SQL text; a
+	// sync.Map, so that every read does not take one lock.
+	readStmts sync.Map
 }
 
 // writeOp is one caller's change; the writer runs it inside a shared
@@ -235,18 +235,20 @@ func (s *store) query(ctx context.Context, query string, args ...any) (*sql.Rows
 	return st.QueryContext(ctx, args...)
 }
 
-// readStmt prepares query for the reader pool on first use.
+// readStmt prepares query for the reader pool on first use. Two first uses
+// at once may both prepare it; the one stored first is kept.
 func (s *store) readStmt(query string) (*sql.Stmt, error) {
-	s.readStmtsMu.Lock()
-	defer s.readStmtsMu.Unlock()
-	if st, ok := s.readStmts[query]; ok {
-		return st, nil
+	if st, ok := s.readStmts.Load(query); ok {
+		return st.(*sql.Stmt), nil
 	}
 	st, err := s.reader.Prepare(query)
 	if err != nil {
 		return nil, err
 	}
-	s.readStmts[query] = st
+	if kept, loaded := s.readStmts.LoadOrStore(query, st); loaded {
+		st.Close()
+		return kept.(*sql.Stmt), nil
+	}
 	return st, nil
 }
 
@@ -259,13 +261,15 @@ func openStore(path string) (*store, error) {
 		return nil, fmt.Errorf("database directory %q does not exist", dir)
 	}
 	// Pragmas live in the DSN so that every pooled connection gets them.
-	common := "?_pragma=busy_timeout(5000)&_pragma=foreign_keys(1)"
+	common := "?_pragma=busy_timeout(5000)"
 	// The writer checkpoints as it commits, every 4000 WAL pages (16 MB): a
 	// checkpoint copies each page once however often it changed, so fewer,
 	// larger ones cost the writer less than SQLite's default 1000 (create p99
 	// 1.6 times the ceiling's instead of 2.1). A checkpointer beside the writer
 	// cannot keep the WAL small: the WAL only starts over when a write begins
 	// right after a checkpoint caught up, a moment another connection never sees.
+	// _txlock makes the migrations' transactions IMMEDIATE; the writer says
+	// BEGIN IMMEDIATE itself.
 	writer, err := sql.Open("sqlite", path+common+
 		"&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=wal_autocheckpoint(4000)&_txlock=immediate")
 	if err != nil {
@@ -295,7 +299,6 @@ func openStore(path string) (*store, error) {
 		writer:        writer,
 		tx:            &writeTx{conn: conn, stmts: map[string]*sql.Stmt{}},
 		reader:        reader,
-		readStmts:     map[string]*sql.Stmt{},
 		writes:        make(chan writeOp),
 		quit:          make(chan struct{}),
 		stopped:       make(chan struct{}),

@@ -78,7 +78,7 @@ func TestButtonIDsAreValidAndIncreasing(t *testing.T) {
 // 250 MB in 12 s).
 func TestWALStaysSmallUnderReadsAndWrites(t *testing.T) {
 	if testing.Short() {
-		t.Skip("writes 10,000 buttons")
+		t.Skip("writes 20,000 buttons")
 	}
 	path := filepath.Join(t.TempDir(), "wal.db")
 	st, err := openStore(path)
@@ -104,7 +104,7 @@ func TestWALStaysSmallUnderReadsAndWrites(t *testing.T) {
 	var writers sync.WaitGroup
 	for w := range 16 {
 		writers.Go(func() {
-			for i := range 625 {
+			for i := range 1250 {
 				b := button{ProductName: fmt.Sprint("w", w, "-", i), AmountMinor: 100, Currency: "USD",
 					PaymentMethod: "Stripe", PaymentType: "one_time", Description: "a description of some length"}
 				if _, err := st.createButton(context.Background(), who, b); err != nil {
@@ -121,10 +121,11 @@ func TestWALStaysSmallUnderReadsAndWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The writer checkpoints at 4000 pages (16 MB); a WAL that never starts
-	// over passes 40 MB here.
-	if info.Size() > 24<<20 {
-		t.Errorf("got a WAL of %d MB after 10,000 creates, want it to stay near 16 MB", info.Size()>>20)
+	// The writer checkpoints at 4000 pages (16 MB), and under load a
+	// checkpoint that readers keep from finishing lets it pass that for a
+	// while (25 MB seen); a WAL that never starts over passes 80 MB here.
+	if info.Size() > 48<<20 {
+		t.Errorf("got a WAL of %d MB after 20,000 creates, want it to stay near 16 MB", info.Size()>>20)
 	}
-	t.Logf("WAL after 10,000 creates: %.1f MB", float64(info.Size())/(1<<20))
+	t.Logf("WAL after 20,000 creates: %.1f MB", float64(info.Size())/(1<<20))
 }
