@@ -3,7 +3,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -154,10 +153,11 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	logOut := newLogWriter(stderr, 100*time.Millisecond)
 	defer logOut.Close()
 	logOptions := &slog.HandlerOptions{Level: logLevel}
-	logger := slog.New(slog.NewTextHandler(logOut, logOptions))
+	var handler slog.Handler = slog.NewTextHandler(logOut, logOptions)
 	if *logFormat == "json" {
-		logger = slog.New(slog.NewJSONHandler(logOut, logOptions))
+		handler = slog.NewJSONHandler(logOut, logOptions)
 	}
+	logger := slog.New(flushOnWarn{handler, logOut})
 	st, err := openStore(*dbPath)
 	if err != nil {
 		return err
@@ -217,8 +217,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 }
 
 // logWriter gathers log lines and writes them out at most every interval, so
-// that an access line does not cost a write to stderr of its own. A line at
-// warn level or above is written at once, with everything before it.
+// that an access line does not cost a write to stderr of its own.
 type logWriter struct {
 	mu      sync.Mutex
 	out     io.Writer
@@ -250,11 +249,9 @@ func newLogWriter(out io.Writer, interval time.Duration) *logWriter {
 func (w *logWriter) Write(line []byte) (int, error) {
 	w.mu.Lock()
 	w.buf = append(w.buf, line...)
-	urgent := bytes.Contains(line, []byte("level=WARN")) || bytes.Contains(line, []byte("level=ERROR")) ||
-		bytes.Contains(line, []byte(`"level":"WARN"`)) || bytes.Contains(line, []byte(`"level":"ERROR"`)) ||
-		len(w.buf) > 64<<10
+	full := len(w.buf) > 64<<10
 	w.mu.Unlock()
-	if urgent {
+	if full {
 		w.flush()
 	}
 	return len(line), nil
@@ -278,6 +275,29 @@ func (w *logWriter) Close() error {
 		<-w.stopped
 	}
 	return nil
+}
+
+// flushOnWarn writes the log out at once after a record at warn level or
+// above, so that trouble is never waiting in the buffer.
+type flushOnWarn struct {
+	slog.Handler
+	out *logWriter
+}
+
+func (h flushOnWarn) Handle(ctx context.Context, r slog.Record) error {
+	err := h.Handler.Handle(ctx, r)
+	if r.Level >= slog.LevelWarn {
+		h.out.flush()
+	}
+	return err
+}
+
+func (h flushOnWarn) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return flushOnWarn{h.Handler.WithAttrs(attrs), h.out}
+}
+
+func (h flushOnWarn) WithGroup(name string) slog.Handler {
+	return flushOnWarn{h.Handler.WithGroup(name), h.out}
 }
 
 // mintFirstKey gives a database without any key one for account "default", and

@@ -193,7 +193,7 @@ func TestHealthz(t *testing.T) {
 func TestLogWriterHoldsInfoLinesAndFlushesWarnings(t *testing.T) {
 	out := newSyncBuffer()
 	w := newLogWriter(out, time.Hour)
-	logger := slog.New(slog.NewTextHandler(w, nil))
+	logger := slog.New(flushOnWarn{slog.NewTextHandler(w, nil), w})
 	logger.Info("request", "n", 1)
 	if got := out.String(); got != "" {
 		t.Errorf("an info line was written at once: %q", got)
