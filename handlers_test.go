@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -582,6 +583,7 @@ func TestStatusCodes(t *testing.T) {
 		{"wrong method", "GET", "/product-payment/create", e.key, "", nil, 405, "method_not_allowed"},
 		{"not JSON", "POST", "/product-payment/create", e.key, validCreate(nil), []string{"Content-Type", "text/plain"}, 415, "unsupported_media_type"},
 		{"JSON with charset", "POST", "/product-payment/create", e.key, validCreate(nil), []string{"Content-Type", "application/json; charset=utf-8"}, 200, ""},
+		{"a +json type", "POST", "/product-payment/create", e.key, validCreate(nil), []string{"Content-Type", "application/vnd.paybuttons+json"}, 200, ""},
 		{"too large", "POST", "/product-payment/create", e.key, validCreate(map[string]any{"description": strings.Repeat("x", 70_000)}), nil, 413, "payload_too_large"},
 		{"auth before body", "POST", "/product-payment/create", "", "{", nil, 401, "unauthorized"},
 	}
@@ -629,14 +631,30 @@ func TestHeadersOnEveryResponse(t *testing.T) {
 	}
 }
 
+func TestHeadAnswersLikeGetWithoutABody(t *testing.T) {
+	e := newTestServer(t)
+	id := e.create(e.key, validCreate(nil))
+	req, _ := http.NewRequest("HEAD", e.url+"/product-payment/get/"+id, nil)
+	req.Header.Set("X-API-KEY", e.key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("ETag") != `"1"` || len(body) != 0 {
+		t.Errorf("HEAD: got %d ETag %q and %d body bytes, want 200, \"1\" and none", resp.StatusCode, resp.Header.Get("ETag"), len(body))
+	}
+}
+
 func TestRateLimit(t *testing.T) {
 	e := newTestServerWith(t, serverOptions{rate: 0.001, burst: 2})
 	e.do("GET", "/product-payment/get/x", e.key, "").want(t, 404, "not_found")
 	e.do("GET", "/product-payment/get/x", e.key, "").want(t, 404, "not_found")
 	r := e.do("POST", "/product-payment/create", e.key, validCreate(nil))
 	r.want(t, 429, "rate_limited")
-	if r.header.Get("Retry-After") == "" {
-		t.Error("got no Retry-After on a 429")
+	if secs, err := strconv.Atoi(r.header.Get("Retry-After")); err != nil || secs < 1 {
+		t.Errorf("got Retry-After %q on a 429, want whole seconds, at least 1", r.header.Get("Retry-After"))
 	}
 	if n := e.countButtons(); n != 0 {
 		t.Errorf("got %d buttons after a 429, want 0", n)

@@ -51,6 +51,12 @@ func TestKeysCommands(t *testing.T) {
 	if strings.Contains(list, "revoked never") {
 		t.Errorf("got %q after revoke, want a revoked time", list)
 	}
+	if _, err := runCLI(t, nil, "keys", "revoke", "-db", db, fields[0]); err != nil {
+		t.Errorf("revoking a revoked key: got %v, want a no-op", err)
+	}
+	if again, _ := runCLI(t, nil, "keys", "list", "-db", db); again != list {
+		t.Errorf("revoking a revoked key changed the list: got %q, want %q", again, list)
+	}
 	if _, err := runCLI(t, nil, "keys", "revoke", "-db", db, "key_unknown"); err == nil || exitStatus(err) != 1 {
 		t.Errorf("revoking an unknown key: got %v (status %d), want an error with status 1", err, exitStatus(err))
 	}
@@ -93,6 +99,8 @@ func TestCommandLineErrors(t *testing.T) {
 		{"tls cert without key", []string{"-tls-cert", "c.pem"}, 2, "-tls-key"},
 		{"keys without command", []string{"keys"}, 2, "create"},
 		{"keys create without account", []string{"keys", "create", "-db", filepath.Join(dir, "k.db")}, 2, "-account"},
+		{"account name with a space", []string{"keys", "create", "-account", "a b", "-db", filepath.Join(dir, "k.db")}, 2, "-account"},
+		{"account name of 65 characters", []string{"keys", "create", "-account", strings.Repeat("a", 65), "-db", filepath.Join(dir, "k.db")}, 2, "-account"},
 		{"missing directory", []string{"-db", filepath.Join(dir, "no", "such", "x.db")}, 1, "does not exist"},
 		{"not a database", []string{"-db", notADB, "-addr", "127.0.0.1:0"}, 1, "not a SQLite database"},
 		{"keys list without database", []string{"keys", "list", "-db", filepath.Join(dir, "none.db")}, 1, "no database"},

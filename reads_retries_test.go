@@ -264,7 +264,9 @@ func TestIfMatch(t *testing.T) {
 	r.want(t, 200, "")
 	e.do("POST", "/product-payment/restore/"+id, e.key, "", "If-Match", `"2"`).want(t, 412, "precondition_failed")
 	e.do("POST", "/product-payment/restore/"+id, e.key, "", "If-Match", `"3"`).want(t, 200, "")
-	e.do("POST", "/product-payment/restore/"+id, e.key, "", "If-Match", "3").want(t, 400, "invalid_request")
+	for _, bad := range []string{"3", `W/"3"`, `"3", "4"`} {
+		e.do("POST", "/product-payment/restore/"+id, e.key, "", "If-Match", bad).want(t, 400, "invalid_request")
+	}
 	if b, _ := e.stored("acme", id); b.Version != 4 || b.State != stateActive {
 		t.Errorf("got version %d state %s, want 4 active", b.Version, b.State)
 	}
@@ -459,5 +461,36 @@ func TestBackupRefusesWhatIsNotAPaybuttonsDatabase(t *testing.T) {
 	}
 	if _, err := runCLI(t, nil, "backup", "-db", filepath.Join(dir, "none.db")); exitStatus(err) != 2 {
 		t.Errorf("backup without DEST: got %v, want a usage error", err)
+	}
+}
+
+func TestIdempotentNotFoundIsReplayed(t *testing.T) {
+	e := newTestServer(t)
+	for _, id := range []string{"btn_01JD0000000000000000000000", "not-an-id"} {
+		first := e.do("DELETE", "/product-payment/delete/"+id, e.key, "", "Idempotency-Key", "gone-"+id)
+		first.want(t, 404, "not_found")
+		again := e.do("DELETE", "/product-payment/delete/"+id, e.key, "", "Idempotency-Key", "gone-"+id)
+		if again.status != 404 || again.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(again.raw, first.raw) {
+			t.Errorf("delete of %s: got %d %s (replayed %q), want the 404 replayed", id, again.status, again.raw, again.header.Get("Idempotent-Replayed"))
+		}
+	}
+}
+
+func TestPurgeWorksInBatches(t *testing.T) {
+	e := newTestServer(t)
+	err := e.store.write(context.Background(), func(tx *writeTx) error {
+		for i := range 1234 {
+			if _, err := tx.Exec(`INSERT INTO idempotency_keys (account, key, fingerprint, status, body, created_at)
+				VALUES ('acme', ?, x'00', 200, x'00', '2000-01-01T00:00:00.000Z')`, fmt.Sprint("k", i)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := e.store.purgeExpired(context.Background()); n != 1234 || err != nil {
+		t.Errorf("got %d purged, %v, want all 1234 over three transactions", n, err)
 	}
 }

@@ -965,11 +965,11 @@ func (s *store) restoreButton(ctx context.Context, who actor, id string, ifMatch
 // applies change, writes every column back with the version bumped and
 // records the history entry.
 func (s *store) modifyButton(ctx context.Context, who actor, id string, ifMatch int64, action string, change func(*button) error) (button, error) {
+	if !validButtonID(id) {
+		return button{}, s.reject(ctx, who, errNotFound) // no write unless an Idempotency-Key keeps the 404
+	}
 	var b button
 	_, err := s.writeRecorded(ctx, who, func(tx *writeTx) (string, error) {
-		if !validButtonID(id) {
-			return id, errNotFound
-		}
 		var err error
 		b, err = scanButton(tx.QueryRow(
 			`SELECT `+buttonColumns+` FROM buttons WHERE account = ? AND id = ?`, who.Account, id))

@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 )
 
 func openTestStore(t *testing.T) *store {
@@ -128,4 +130,42 @@ func TestWALStaysSmallUnderReadsAndWrites(t *testing.T) {
 		t.Errorf("got a WAL of %d MB after 20,000 creates, want it to stay near 16 MB", info.Size()>>20)
 	}
 	t.Logf("WAL after 20,000 creates: %.1f MB", float64(info.Size())/(1<<20))
+}
+
+// A key's last use is written in the background, at most once a minute, so
+// that reads do not each cost a write.
+func TestLastUsedIsWrittenOnceAMinute(t *testing.T) {
+	st := openTestStore(t)
+	secret, id, err := st.createKey(context.Background(), "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lastUsed := func() string {
+		var v sql.NullString
+		st.reader.QueryRow(`SELECT last_used_at FROM api_keys WHERE id = ?`, id).Scan(&v)
+		return v.String
+	}
+	waitFor := func(ok func(string) bool) string {
+		for range 100 {
+			if v := lastUsed(); ok(v) {
+				return v
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		return lastUsed()
+	}
+	if _, err := st.authenticate(context.Background(), secret); err != nil {
+		t.Fatal(err)
+	}
+	first := waitFor(func(v string) bool { return v != "" })
+	if first == "" {
+		t.Fatal("got no last_used_at after a use, want one")
+	}
+	time.Sleep(5 * time.Millisecond)
+	if _, err := st.authenticate(context.Background(), secret); err != nil {
+		t.Fatal(err)
+	}
+	if again := waitFor(func(v string) bool { return v != first }); again != first {
+		t.Errorf("a second use within the minute wrote last_used_at again: got %s, want %s", again, first)
+	}
 }
