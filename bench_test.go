@@ -38,7 +38,7 @@ func BenchmarkCreate(b *testing.B) {
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			body := validCreate(map[string]any{"productName": fmt.Sprint("Widget ", n.Add(1))})
+			body := createBody(map[string]any{"productName": fmt.Sprint("Widget ", n.Add(1))})
 			benchRequest(b, "POST", e.url+"/product-payment/create", e.key, body)
 		}
 	})
@@ -47,7 +47,7 @@ func BenchmarkCreate(b *testing.B) {
 // BenchmarkGet measures reads of one button from parallel clients over real HTTP.
 func BenchmarkGet(b *testing.B) {
 	e := newTestServer(b)
-	id := e.create(e.key, validCreate(nil))
+	id := e.create(e.key, createBody(nil))
 	b.SetParallelism(16)
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -75,7 +75,7 @@ func BenchmarkList100k(b *testing.B) {
 				if n == 50_000 {
 					middle = id
 				}
-				if _, err := tx.Exec(`INSERT INTO buttons (`+buttonColumns+`)
+				if _, err := tx.exec(`INSERT INTO buttons (id, account, `+selectButton+`)
 					VALUES (?, 'acme', 'Widget', NULL, 1990, 'USD', NULL, 'Stripe', 'one_time', ?, NULL, ?, 1,
 					'2026-01-01T00:00:00.000Z', '2026-01-01T00:00:00.000Z', ?)`, id, n%2 == 0, state, deleted); err != nil {
 					return err

@@ -437,7 +437,7 @@ func TestCrashKeepsAcknowledgedWrites(t *testing.T) {
 	}
 	defer st.close()
 	for _, want := range m.byID {
-		got, err := readStoredButton(st, "acme", want.id)
+		got, err := scanButton(st.reader.QueryRow(`SELECT `+selectButton+` FROM buttons WHERE account = 'acme' AND id = ?`, want.id))
 		if err != nil {
 			t.Errorf("button %s (%s): %v after restart", want.id, want.desc, err)
 			continue
@@ -519,7 +519,7 @@ func checkCrashState(t *testing.T, db *sql.DB, m *crashModel, when string) (appl
 		t.Fatalf("%s: integrity_check got %q, want ok", when, integrity)
 	}
 
-	rows, err = db.QueryContext(ctx, `SELECT `+buttonColumns+` FROM buttons`)
+	rows, err = db.QueryContext(ctx, `SELECT `+selectButton+` FROM buttons`)
 	if err != nil {
 		t.Fatalf("%s: %v", when, err)
 	}

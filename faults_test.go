@@ -68,7 +68,7 @@ func TestBusyDatabaseAnswersUnavailable(t *testing.T) {
 	defer client.CloseIdleConnections()
 	// This also records the key's last use, so that no background write of
 	// it joins the create below.
-	first := e.create(e.key, validCreate(nil))
+	first := e.create(e.key, createBody(nil))
 	before := e.countButtons()
 
 	other, err := sql.Open("sqlite", e.dbPath+"?_pragma=busy_timeout(5000)")
@@ -93,7 +93,7 @@ func TestBusyDatabaseAnswersUnavailable(t *testing.T) {
 	if r, err := callAPI(client, "GET", e.url+"/product-payment/get/"+first, e.key, ""); err != nil || r.status != 200 {
 		t.Errorf("get while the write lock is held: got %v (%v), want 200", r, err)
 	}
-	blocked := validCreate(map[string]any{"productName": "Blocked"})
+	blocked := createBody(map[string]any{"productName": "Blocked"})
 	r, err := callAPI(client, "POST", e.url+"/product-payment/create", e.key, blocked, "Idempotency-Key", "busy-create")
 	if err != nil {
 		t.Fatalf("create while the write lock is held: %v", err)
@@ -106,7 +106,7 @@ func TestBusyDatabaseAnswersUnavailable(t *testing.T) {
 	if _, err := lock.ExecContext(ctx, `ROLLBACK`); err != nil {
 		t.Fatal(err)
 	}
-	id := e.create(e.key, validCreate(map[string]any{"productName": "After"}))
+	id := e.create(e.key, createBody(map[string]any{"productName": "After"}))
 	if b, err := e.stored("acme", id); err != nil || b.ProductName != "After" {
 		t.Errorf("create after the lock was released: got %+v (%v), want it stored", b, err)
 	}
@@ -127,14 +127,14 @@ func TestFullDiskAnswersUnavailable(t *testing.T) {
 	defer client.CloseIdleConnections()
 	ids := make([]string, 6)
 	for i := range ids {
-		ids[i] = e.create(e.key, validCreate(map[string]any{"amount": "1.00"}))
+		ids[i] = e.create(e.key, createBody(map[string]any{"amount": "1.00"}))
 	}
 	// max_page_count belongs to a connection: it goes through the writer, so
 	// that it reaches the one connection every write uses.
 	maxPages := func(n int64) {
 		t.Helper()
 		err := e.store.write(context.Background(), func(tx *writeTx) error {
-			_, err := tx.Exec(fmt.Sprintf(`PRAGMA max_page_count = %d`, n))
+			_, err := tx.exec(fmt.Sprintf(`PRAGMA max_page_count = %d`, n))
 			return err
 		})
 		if err != nil {
@@ -151,7 +151,7 @@ func TestFullDiskAnswersUnavailable(t *testing.T) {
 	maxPages(pages)
 
 	big := strings.Repeat("é", 5000) // 10 KB: needs new overflow pages
-	bigCreate := validCreate(map[string]any{"description": big})
+	bigCreate := createBody(map[string]any{"description": big})
 	before := e.countButtons()
 	create := func() (response, error) {
 		return callAPI(client, "POST", e.url+"/product-payment/create", e.key, bigCreate)
@@ -316,7 +316,7 @@ func TestSlowHeaderSenderIsDropped(t *testing.T) {
 	go func() {
 		client := newTestClient()
 		defer client.CloseIdleConnections()
-		r, err := callAPI(client, "POST", "http://"+addr+"/product-payment/create", key, validCreate(nil))
+		r, err := callAPI(client, "POST", "http://"+addr+"/product-payment/create", key, createBody(nil))
 		if err == nil && r.status != 200 {
 			err = fmt.Errorf("got %v, want 200", r)
 		}

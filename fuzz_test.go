@@ -13,7 +13,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math/big"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -37,7 +39,7 @@ func (e *testEnv) forInput(t *testing.T) *testEnv {
 // accepted one is stored as the body says, which get shows.
 func FuzzCreate(f *testing.F) {
 	shared := newTestServer(f)
-	f.Add([]byte(validCreate(nil)))
+	f.Add([]byte(createBody(nil)))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		e := shared.forInput(t)
 		before := e.countButtons()
@@ -62,7 +64,7 @@ func FuzzCreate(f *testing.F) {
 
 // fuzzUpdateBase is the button each FuzzUpdate input changes: StripeConnect, so
 // a fee may change, and 10.50 USD, so some currencies fit it and some do not.
-var fuzzUpdateBase = validCreate(map[string]any{
+var fuzzUpdateBase = createBody(map[string]any{
 	"paymentMethod": "StripeConnect", "ApplicationFeePercentage": "2.50", "amount": "10.50",
 })
 
@@ -88,7 +90,7 @@ func FuzzUpdate(f *testing.F) {
 		}
 		r := e.do("POST", "/product-payment/update/"+id, e.key, string(body))
 		after, err := e.stored("acme", id)
-		if err != nil || after != before {
+		if err != nil || !reflect.DeepEqual(after, before) {
 			id = ""
 		}
 		if err != nil {
@@ -96,7 +98,7 @@ func FuzzUpdate(f *testing.F) {
 		}
 		if r.status != 200 || len(body) > fuzzBodyLimit {
 			wantRefused(t, r, len(body))
-			if after != before {
+			if !reflect.DeepEqual(after, before) {
 				t.Errorf("%s\ngot %+v after a %d, want it unchanged: %+v", r.request, after, r.status, before)
 			}
 			return
@@ -107,12 +109,17 @@ func FuzzUpdate(f *testing.F) {
 			o.errorf("data is %q, want %q", r.dataString(), before.ID)
 		}
 		want := o.updated(body, before)
-		want.Version = before.Version + 1
-		if after.UpdatedAt.Before(before.UpdatedAt) {
-			o.errorf("updatedAt went back from %v to %v", before.UpdatedAt, after.UpdatedAt)
+		if changed := !want.sameAs(before); changed != (r.env.Message == "updated") {
+			o.errorf("message %q for a body that changes the button: %v", r.env.Message, changed)
+		} else if changed {
+			want.Version, want.ChangeSeq = before.Version+1, after.ChangeSeq
+			if after.UpdatedAt.Before(before.UpdatedAt.Time) || after.ChangeSeq <= before.ChangeSeq {
+				o.errorf("updatedAt or changeSeq went back: %v %d, then %v %d", before.UpdatedAt, before.ChangeSeq,
+					after.UpdatedAt, after.ChangeSeq)
+			}
+			want.UpdatedAt = after.UpdatedAt
 		}
-		want.UpdatedAt = after.UpdatedAt
-		if after != want {
+		if !reflect.DeepEqual(after, want) {
 			o.errorf("stored %+v\nwant   %+v", after, want)
 		}
 		o.shows(e.getView(e.key, before.ID), want, before.ID, want.Version)
@@ -168,7 +175,7 @@ func FuzzDecimal(f *testing.F) {
 				}
 			}
 			for _, form := range jsonForms(text) {
-				body := validCreate(map[string]any{"amount": raw(form), "currency": currency})
+				body := createBody(map[string]any{"amount": raw(form), "currency": currency})
 				b, err := decodeCreate([]byte(body), "the service")
 				if accepted := fits && want >= 1; (err == nil) != accepted || accepted && b.AmountMinor != want {
 					t.Errorf("amount %s in %s: got %d, %v; want %d accepted %v", form, currency, b.AmountMinor, err, want, accepted)
@@ -180,7 +187,7 @@ func FuzzDecimal(f *testing.F) {
 		}
 		want, fits := scaledInt(value, 2, 10_000)
 		for _, form := range jsonForms(text) {
-			body := validCreate(map[string]any{"paymentMethod": "StripeConnect", feeField: raw(form)})
+			body := createBody(map[string]any{"paymentMethod": "StripeConnect", feeField: raw(form)})
 			b, err := decodeCreate([]byte(body), "the service")
 			if accepted := fits && want >= 1; (err == nil) != accepted || accepted && b.FeeBasisPoints != want {
 				t.Errorf("fee %s: got %d basis points, %v; want %d accepted %v", form, b.FeeBasisPoints, err, want, accepted)
@@ -213,8 +220,8 @@ func jsonForms(text string) []string {
 var (
 	plainDecimalText = regexp.MustCompile(`^[0-9]+(\.[0-9]+)?$`)
 	createFieldNames = []string{"productName", "description", "amount", "currency",
-		"billingInterval", "paymentMethod", "paymentType", "isLive", "ApplicationFeePercentage"}
-	updateFieldNames = []string{"productName", "description", "amount", "currency", "ApplicationFeePercentage"}
+		"billingInterval", "paymentMethod", "paymentType", "isLive", "ApplicationFeePercentage", "metadata"}
+	updateFieldNames = []string{"productName", "description", "amount", "currency", "ApplicationFeePercentage", "metadata"}
 	// intervalSpellings maps every accepted spelling, in any case, to the stored value.
 	intervalSpellings = map[string]string{
 		"day": "day", "week": "week", "month": "month", "year": "year",
@@ -270,8 +277,7 @@ func (o *oracle) report(t *testing.T, request string) {
 
 // object decodes body the plain way (encoding/json, numbers kept as text) and
 // notes what an accepted body cannot be: not UTF-8, not exactly one object,
-// names outside known or repeated, or a lone surrogate (which encoding/json
-// quietly turns into U+FFFD). It returns nil when there is no object to read.
+// names outside known or repeated. It returns nil when there is no object to read.
 func (o *oracle) object(body []byte, known []string) map[string]any {
 	if !utf8.Valid(body) {
 		o.errorf("the body is not valid UTF-8")
@@ -294,15 +300,6 @@ func (o *oracle) object(body []byte, known []string) map[string]any {
 		if slices.Contains(names[:i], name) {
 			o.errorf("the body has %q more than once", name)
 		}
-	}
-	replaced := 0
-	for _, v := range in {
-		if s, ok := v.(string); ok {
-			replaced += strings.Count(s, "\uFFFD")
-		}
-	}
-	if written := bytes.Count(body, []byte("\uFFFD")) + bytes.Count(bytes.ToLower(body), []byte(`\ufffd`)); replaced > written {
-		o.errorf("the body has a lone surrogate or a byte that is not UTF-8 in a string")
 	}
 	return in
 }
@@ -354,6 +351,7 @@ func (o *oracle) created(body []byte) button {
 		o.errorf("productName is missing")
 	}
 	b.Description = o.description(in["description"])
+	b.Metadata = o.metadata(in["metadata"], nil)
 	if v, ok := given(in, "currency"); ok {
 		b.Currency = o.currency(v)
 	} else {
@@ -416,6 +414,9 @@ func (o *oracle) updated(body []byte, before button) button {
 		}
 		b.AmountMinor = minor
 	}
+	if v, ok := in["metadata"]; ok && v != nil {
+		b.Metadata, changes = o.metadata(v, before.Metadata), true
+	}
 	if v, ok := given(in, feeField); ok {
 		if before.PaymentMethod != "StripeConnect" {
 			o.errorf("%s is given for a %s button", feeField, before.PaymentMethod)
@@ -428,13 +429,56 @@ func (o *oracle) updated(body []byte, before button) button {
 	return b
 }
 
-// productName is the stored name for v: trimmed, 1 to 250 characters, no control characters.
+// productName is the stored name for v: trimmed, 1 to 250 characters, no
+// control characters, at least one visible.
 func (o *oracle) productName(v any) string {
 	name := strings.TrimSpace(o.text("productName", v))
-	if n := utf8.RuneCountInString(name); n < 1 || n > 250 || strings.ContainsFunc(name, unicode.IsControl) {
-		o.errorf("productName %q has %d characters or a control character", name, n)
+	visible := strings.ContainsFunc(name, func(r rune) bool { return unicode.IsGraphic(r) && !unicode.IsSpace(r) })
+	if n := utf8.RuneCountInString(name); n < 1 || n > 250 || strings.ContainsFunc(name, unicode.IsControl) || !visible {
+		o.errorf("productName %q has %d characters, a control character or none visible", name, n)
 	}
 	return name
+}
+
+// metadata is stored with v merged in: string values set keys of 1 to 40 of
+// A-Z a-z 0-9 _ - ., null or "" remove them; at most 50 keys, values up to 500
+// characters without control characters.
+func (o *oracle) metadata(v any, stored metadata) metadata {
+	if v == nil {
+		return stored
+	}
+	object, ok := v.(map[string]any)
+	if !ok {
+		o.errorf("metadata %v is not an object", v)
+	}
+	merged := maps.Clone(stored)
+	for key, value := range object {
+		if !regexp.MustCompile(`^[A-Za-z0-9_.-]{1,40}$`).MatchString(key) {
+			o.errorf("metadata key %q is malformed", key)
+		}
+		switch value := value.(type) {
+		case nil:
+			delete(merged, key)
+		case string:
+			if value == "" {
+				delete(merged, key)
+				continue
+			}
+			if utf8.RuneCountInString(value) > 500 || strings.ContainsFunc(value, unicode.IsControl) {
+				o.errorf("metadata.%s is too long or has a control character", key)
+			}
+			if merged == nil {
+				merged = metadata{}
+			}
+			merged[key] = value
+		default:
+			o.errorf("metadata.%s %v is not a string", key, value)
+		}
+	}
+	if len(merged) > 50 {
+		o.errorf("metadata has %d keys", len(merged))
+	}
+	return merged
 }
 
 // description is the stored description for v: "" for absent or null, else

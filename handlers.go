@@ -10,12 +10,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	mathrand "math/rand/v2"
 	"mime"
+	"net"
 	"net/http"
 	"path"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,31 +28,75 @@ import (
 // maxBodyBytes caps every request body (64 KiB).
 const maxBodyBytes = 64 << 10
 
+// statusOf is the one table from an error's code to its HTTP status.
+var statusOf = map[string]int{
+	"invalid_request":        http.StatusBadRequest,
+	"unauthorized":           http.StatusUnauthorized,
+	"forbidden":              http.StatusForbidden,
+	"not_found":              http.StatusNotFound,
+	"method_not_allowed":     http.StatusMethodNotAllowed,
+	"wrong_state":            http.StatusConflict,
+	"idempotency_in_flight":  http.StatusConflict,
+	"precondition_failed":    http.StatusPreconditionFailed,
+	"payload_too_large":      http.StatusRequestEntityTooLarge,
+	"unsupported_media_type": http.StatusUnsupportedMediaType,
+	"idempotency_mismatch":   http.StatusUnprocessableEntity,
+	"rate_limited":           http.StatusTooManyRequests,
+	"canceled":               499, // the client went away: nobody reads this answer, the access log does
+	"internal":               http.StatusInternalServerError,
+	"unavailable":            http.StatusServiceUnavailable,
+}
+
+// config is what the command line decides about the API.
+type config struct {
+	providerName string  // the own processor's paymentMethod value
+	rate         float64 // requests a second per key, 0 for no limit
+	burst        int
+	metrics      bool // serve /metrics
+}
+
 // server holds what the handlers share. There is no package-level state.
 type server struct {
-	store        *store
+	http.Handler
+	store        storage
 	log          *slog.Logger
-	providerName string // the own processor's paymentMethod value
-	limiter      *rateLimiter
-	inFlight     claims // Idempotency-Keys whose first request is still running
+	providerName string
+	limiter      *rateLimiter // per API key
+	failures     *rateLimiter // failed authentications, per client address
+	goodKeys     sync.Map     // SHA-256 of keys that authenticated: exempt from the failure limit
+	inFlight     sync.Map     // account and Idempotency-Key of writes still running
+	metrics      *metrics     // nil when /metrics is off
+	stopping     chan struct{}
+	stopOnce     sync.Once
 }
 
 // newServer returns the whole HTTP API. Every response, the mux's own 404 and
-// 405 included, is the JSON envelope.
-func newServer(st *store, log *slog.Logger, providerName string, limiter *rateLimiter) http.Handler {
-	s := &server{store: st, log: log, providerName: providerName, limiter: limiter}
+// 405 included, is the JSON envelope, but /openapi.json and /metrics.
+func newServer(st storage, log *slog.Logger, cfg config) *server {
+	s := &server{store: st, log: log, providerName: cfg.providerName, limiter: newRateLimiter(cfg.rate, cfg.burst),
+		failures: newRateLimiter(20, 100), stopping: make(chan struct{})}
 	mux := http.NewServeMux()
-	mux.Handle("POST /product-payment/create", s.withKey(s.handleCreate))
+	mux.Handle("POST /product-payment/create", s.keyed(true, s.handleCreate))
 	mux.HandleFunc("GET /product-payment/get/{id}", s.handleGet) // checks the key in its own query
-	mux.Handle("GET /product-payment/list", s.withKey(s.handleList))
-	mux.Handle("GET /product-payment/history/{id}", s.withKey(s.handleHistory))
-	mux.Handle("POST /product-payment/update/{id}", s.withKey(s.handleUpdate))
-	mux.Handle("DELETE /product-payment/delete/{id}", s.withKey(s.handleDelete))
-	mux.Handle("POST /product-payment/restore/{id}", s.withKey(s.handleRestore))
+	mux.Handle("GET /product-payment/list", s.keyed(false, s.handleList))
+	mux.Handle("GET /product-payment/history/{id}", s.keyed(false, s.handleHistory))
+	mux.Handle("GET /product-payment/changes", s.keyed(false, s.handleChanges))
+	mux.Handle("POST /product-payment/update/{id}", s.keyed(true, s.handleUpdate))
+	mux.Handle("DELETE /product-payment/delete/{id}", s.keyed(true, s.handleDelete))
+	mux.Handle("POST /product-payment/restore/{id}", s.keyed(true, s.handleRestore))
 	mux.HandleFunc("GET /healthz", s.handleHealth)
 	mux.HandleFunc("GET /openapi.json", s.handleOpenAPI)
-	return s.withBasics(s.enveloped(mux))
+	if cfg.metrics {
+		s.metrics = &metrics{requests: map[[2]string]int64{}, durations: map[string]*histogram{}}
+		mux.HandleFunc("GET /metrics", s.handleMetrics)
+	}
+	s.Handler = s.withBasics(s.enveloped(mux))
+	return s
 }
+
+// stop answers every request waiting on the change feed at once; the
+// server's shutdown calls it.
+func (s *server) stop() { s.stopOnce.Do(func() { close(s.stopping) }) }
 
 // openAPIDocument is the API's OpenAPI 3.1 description, served as it is.
 //
@@ -57,17 +104,16 @@ func newServer(st *store, log *slog.Logger, providerName string, limiter *rateLi
 var openAPIDocument []byte
 
 func (s *server) handleOpenAPI(w http.ResponseWriter, r *http.Request) {
-	w.WriteHeader(http.StatusOK)
 	w.Write(openAPIDocument)
 }
 
-// handleHealth answers 200 when the database answers a real query, else 503.
+// handleHealth answers 200 when the database answers, 503 when it does not or
+// refuses writes.
 func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	if err := s.store.ping(ctx); err != nil {
-		s.log.Warn("health check failed", "requestId", requestID(r.Context()), "err", err)
-		s.writeError(w, r, &apiError{http.StatusServiceUnavailable, "unavailable", "the database does not answer"})
+		s.writeError(w, r, &apiError{code: "unavailable", message: "the database does not answer", cause: err})
 		return
 	}
 	s.writeJSON(w, r, http.StatusOK, envelope{IsSuccess: true, Data: "ok", Message: "the database answers"})
@@ -75,49 +121,44 @@ func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
 
 // --- handlers, one per operation ---
 
-// keyedHandler is a handler that runs once the caller's key is known.
-type keyedHandler func(w http.ResponseWriter, r *http.Request, who actor)
-
 func (s *server) handleCreate(w http.ResponseWriter, r *http.Request, who actor) {
 	body, err := readBody(w, r)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	s.respond(w, r, who, body, "created", func(who actor) (string, error) {
+	s.respond(w, r, who, body, "created", func(who actor) (outcome, error) {
 		b, err := decodeCreate(body, s.providerName)
 		if err != nil {
-			return "", s.store.reject(r.Context(), who, err)
+			return outcome{}, s.store.reject(r.Context(), who, err)
 		}
-		b, err = s.store.createButton(r.Context(), who, b)
-		return b.ID, err
+		return s.store.createButton(r.Context(), who, b)
 	})
 }
 
-// handleGet reads the button and checks the key in the same query (see
-// getButtonWithKey), so it admits the key itself rather than through withKey.
 func (s *server) handleGet(w http.ResponseWriter, r *http.Request) {
-	secret, ok := s.apiKeyHeader(w, r)
-	if !ok {
-		return
-	}
-	key, b, err := s.store.getButtonWithKey(r.Context(), secret, r.PathValue("id"))
-	if !s.admit(w, r, key, err) {
-		return
-	}
-	if b.ID == "" {
+	var b button
+	_, ok := s.admit(w, r, false, func(ctx context.Context, secret string) (apiKey, error) {
+		key, found, err := s.store.getButtonWithKey(ctx, secret, r.PathValue("id"))
+		b = found
+		return key, err
+	})
+	switch {
+	case !ok:
+	case b.ID == "":
 		s.writeError(w, r, errNotFound)
-		return
+	default:
+		w.Header().Set("ETag", strconv.Quote(strconv.FormatInt(b.Version, 10)))
+		s.writeJSON(w, r, http.StatusOK, envelope{IsSuccess: true, Data: viewOf(b), Message: "ok"})
 	}
-	w.Header().Set("ETag", strconv.Quote(strconv.FormatInt(b.Version, 10)))
-	s.writeJSON(w, r, http.StatusOK, envelope{IsSuccess: true, Data: viewOf(b), Message: "ok"})
 }
 
-// listPage is the data of a list response.
-type listPage struct {
-	Items   []buttonView `json:"items"`
-	HasMore bool         `json:"hasMore"`
-	Next    *string      `json:"next"` // the after= of the next page
+// page is the data of every answer that lists: the items, whether more
+// follow, and the cursor that asks for them.
+type page[T, C any] struct {
+	Items   []T  `json:"items"`
+	HasMore bool `json:"hasMore"`
+	Next    C    `json:"next"`
 }
 
 func (s *server) handleList(w http.ResponseWriter, r *http.Request, who actor) {
@@ -126,28 +167,28 @@ func (s *server) handleList(w http.ResponseWriter, r *http.Request, who actor) {
 		s.writeError(w, r, err)
 		return
 	}
-	page := f
-	page.Limit++ // one more than asked says whether there is a next page
-	buttons, err := s.store.listButtons(r.Context(), who.Account, page)
+	limit := f.Limit
+	f.Limit++ // one more than asked says whether there is a next page
+	buttons, scanEnd, err := s.store.listButtons(r.Context(), who.Account, f)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	data := listPage{HasMore: len(buttons) > f.Limit}
+	data := page[buttonView, *string]{HasMore: len(buttons) > limit || scanEnd != ""}
+	if len(buttons) > limit {
+		buttons, scanEnd = buttons[:limit], buttons[limit-1].ID
+	}
 	if data.HasMore {
-		buttons = buttons[:f.Limit]
-		data.Next = &buttons[len(buttons)-1].ID
+		data.Next = &scanEnd
 	}
-	data.Items = make([]buttonView, len(buttons))
-	for i, b := range buttons {
-		data.Items[i] = viewOf(b)
-	}
+	data.Items = viewsOf(buttons)
 	s.writeJSON(w, r, http.StatusOK, envelope{IsSuccess: true, Data: data, Message: "ok"})
 }
 
 // historyItem is one change as the history endpoint shows it.
 type historyItem struct {
-	At        string            `json:"at"`
+	Version   int64             `json:"version"`
+	At        timestamp         `json:"at"`
 	Action    string            `json:"action"`
 	KeyID     string            `json:"keyId"`
 	RequestID string            `json:"requestId"`
@@ -160,29 +201,44 @@ type change struct {
 }
 
 func (s *server) handleHistory(w http.ResponseWriter, r *http.Request, who actor) {
-	entries, err := s.store.buttonHistory(r.Context(), who.Account, r.PathValue("id"))
+	limit, after, err := decodeHistoryQuery(r.URL.RawQuery)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	items := make([]historyItem, len(entries))
-	var before map[string]any // nothing before the create
+	entries, current, err := s.store.buttonHistory(r.Context(), who.Account, r.PathValue("id"), after, limit)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	data := page[historyItem, *int64]{Items: make([]historyItem, len(entries))}
 	for i, e := range entries {
-		after := auditedFields(e.Button)
-		items[i] = historyItem{At: formatTime(e.At), Action: e.Action, KeyID: e.KeyID,
+		before, after := map[string]any{}, auditedFields(e.After)
+		if e.Action != "create" {
+			before = auditedFields(e.Before)
+		}
+		data.Items[i] = historyItem{Version: e.Version, At: e.At, Action: e.Action, KeyID: e.KeyID,
 			RequestID: e.RequestID, Changes: map[string]change{}}
 		for name, to := range after {
 			if from := before[name]; from != to {
-				items[i].Changes[name] = change{from, to}
+				data.Items[i].Changes[name] = change{from, to}
 			}
 		}
-		before = after
+		for name, from := range before { // metadata keys the change removed
+			if _, kept := after[name]; !kept {
+				data.Items[i].Changes[name] = change{from, nil}
+			}
+		}
+		if data.HasMore = e.Version < current; data.HasMore {
+			data.Next = &data.Items[i].Version
+		}
 	}
-	s.writeJSON(w, r, http.StatusOK, envelope{IsSuccess: true, Data: map[string]any{"items": items}, Message: "ok"})
+	s.writeJSON(w, r, http.StatusOK, envelope{IsSuccess: true, Data: data, Message: "ok"})
 }
 
 // auditedFields are a button's fields as get renders them, the ones history
-// reports changes of (version and times change every time, so they are left out).
+// reports changes of (version and times change every time, so they are left
+// out), each metadata key on its own as "metadata.KEY".
 func auditedFields(b button) map[string]any {
 	v := viewOf(b)
 	orNull := func(s *string) any {
@@ -191,222 +247,250 @@ func auditedFields(b button) map[string]any {
 		}
 		return *s
 	}
-	return map[string]any{
-		"productName":              v.ProductName,
-		"description":              orNull(v.Description),
-		"amount":                   v.Amount,
-		"currency":                 v.Currency,
-		"billingInterval":          orNull(v.BillingInterval),
-		"paymentMethod":            v.PaymentMethod,
-		"paymentType":              v.PaymentType,
-		"isLive":                   v.IsLive,
-		"ApplicationFeePercentage": orNull(v.ApplicationFeePercentage),
-		"state":                    v.State,
+	fields := map[string]any{"productName": v.ProductName, "description": orNull(v.Description), "amount": v.Amount,
+		"currency": v.Currency, "billingInterval": orNull(v.BillingInterval), "paymentMethod": v.PaymentMethod,
+		"paymentType": v.PaymentType, "isLive": v.IsLive, feeField: orNull(v.ApplicationFeePercentage), "state": v.State}
+	for key, value := range b.Metadata {
+		fields["metadata."+key] = value
 	}
+	return fields
+}
+
+// handleChanges answers the change feed: the account's buttons changed after
+// since, each once, as it is now, in the order of their last change. With
+// wait, a request that finds nothing holds, on no connection and with no
+// polling, until the writer commits a change of this account, the wait ends,
+// or the server shuts down.
+func (s *server) handleChanges(w http.ResponseWriter, r *http.Request, who actor) {
+	since, limit, wait, err := decodeChangesQuery(r.URL.RawQuery)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	deadline := time.Now().Add(wait)
+	if wait > 0 { // the server's write timeout counts from the request, not from the end of the wait
+		http.NewResponseController(w).SetWriteDeadline(deadline.Add(15 * time.Second))
+	}
+	var buttons []button
+	for {
+		changed := s.store.watch(who.Account) // watched before the read: no commit falls between
+		if buttons, err = s.store.changes(r.Context(), who.Account, since, limit+1); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		if len(buttons) > 0 || !time.Now().Before(deadline) {
+			break
+		}
+		timer := time.NewTimer(time.Until(deadline))
+		select {
+		case <-changed:
+		case <-timer.C:
+		case <-r.Context().Done():
+		case <-s.stopping:
+			deadline = time.Now()
+		}
+		timer.Stop()
+	}
+	data := page[buttonView, int64]{HasMore: len(buttons) > int(limit), Next: since}
+	buttons = buttons[:min(len(buttons), int(limit))]
+	if len(buttons) > 0 {
+		data.Next = buttons[len(buttons)-1].ChangeSeq
+	}
+	data.Items = viewsOf(buttons)
+	s.writeJSON(w, r, http.StatusOK, envelope{IsSuccess: true, Data: data, Message: "ok"})
 }
 
 func (s *server) handleUpdate(w http.ResponseWriter, r *http.Request, who actor) {
-	id := r.PathValue("id")
 	body, err := readBody(w, r)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	s.respond(w, r, who, body, "updated", func(who actor) (string, error) {
+	s.respond(w, r, who, body, "updated", func(who actor) (outcome, error) {
 		ifMatch, err := parseIfMatch(r.Header.Get("If-Match"))
 		if err != nil {
-			return id, s.store.reject(r.Context(), who, err)
+			return outcome{}, s.store.reject(r.Context(), who, err)
 		}
-		u, err := decodeUpdate(body)
+		apply, err := decodeUpdate(body)
 		if err != nil {
-			return id, s.store.reject(r.Context(), who, err)
+			return outcome{}, s.store.reject(r.Context(), who, err)
 		}
-		_, err = s.store.updateButton(r.Context(), who, id, ifMatch, u.apply)
-		return id, err
+		return s.store.updateButton(r.Context(), who, r.PathValue("id"), ifMatch, apply)
 	})
 }
 
 func (s *server) handleDelete(w http.ResponseWriter, r *http.Request, who actor) {
-	s.changeState(w, r, who, "deleted", s.store.deleteButton)
+	s.changeState(w, r, who, stateDeleted, "deleted")
 }
 
 func (s *server) handleRestore(w http.ResponseWriter, r *http.Request, who actor) {
-	s.changeState(w, r, who, "restored", s.store.restoreButton)
+	s.changeState(w, r, who, stateActive, "restored")
 }
 
 // changeState runs delete or restore, whose only input besides the id is
 // If-Match; any body is ignored.
-func (s *server) changeState(w http.ResponseWriter, r *http.Request, who actor, message string,
-	change func(ctx context.Context, who actor, id string, ifMatch int64) (button, error)) {
-	id := r.PathValue("id")
-	s.respond(w, r, who, nil, message, func(who actor) (string, error) {
+func (s *server) changeState(w http.ResponseWriter, r *http.Request, who actor, to, message string) {
+	s.respond(w, r, who, nil, message, func(who actor) (outcome, error) {
 		ifMatch, err := parseIfMatch(r.Header.Get("If-Match"))
 		if err != nil {
-			return id, s.store.reject(r.Context(), who, err)
+			return outcome{}, s.store.reject(r.Context(), who, err)
 		}
-		_, err = change(r.Context(), who, id, ifMatch)
-		return id, err
+		return s.store.setState(r.Context(), who, r.PathValue("id"), ifMatch, to)
 	})
 }
 
+// parseIfMatch reads an If-Match header: the ETag get sent, "<version>". It
+// returns 0 when the header is absent or "*" (any version).
+func parseIfMatch(header string) (int64, error) {
+	if header == "" || header == "*" {
+		return 0, nil
+	}
+	text, err := strconv.Unquote(header)
+	version, _ := strconv.ParseInt(text, 10, 64)
+	if err != nil || header[0] != '"' || !asciiIn(text, 1, 19, digits) || version < 1 {
+		return 0, invalid(problems{"If-Match": `must be the ETag get sent, a version in quotes such as "3"`})
+	}
+	return version, nil
+}
+
 // respond runs op, the operation of a write request, and answers with its
-// outcome. With an Idempotency-Key, a repeat of a finished request gets the
-// first answer again, byte for byte; the same key with another request is a
-// 422, and while the first is still running a 409. The answer is stored by op
-// in the same transaction as its change.
-func (s *server) respond(w http.ResponseWriter, r *http.Request, who actor, body []byte, message string, op func(actor) (string, error)) {
+// outcome: message (or "unchanged") and the button's id on success. With an
+// Idempotency-Key, a repeat of a finished request gets the first answer again,
+// byte for byte; the same key with another request is a 422, and while the
+// first is still running a 409. The answer is rendered once and stored by op
+// with its change.
+func (s *server) respond(w http.ResponseWriter, r *http.Request, who actor, body []byte, message string,
+	op func(actor) (outcome, error)) {
+	render := func(out outcome, err error) storedResponse {
+		if err != nil {
+			status, env := errorEnvelope(err)
+			return s.answer(r, status, env)
+		}
+		if !out.Changed {
+			message = "unchanged"
+		}
+		return s.answer(r, http.StatusOK, envelope{IsSuccess: true, Data: out.ID, Message: message})
+	}
 	key, given := r.Header["Idempotency-Key"]
 	if !given {
-		id, err := op(who)
-		s.reply(w, r, id, message, err)
+		out, err := op(who)
+		s.send(w, r, render(out, err), err)
 		return
 	}
-	if len(key) != 1 || !validIdempotencyKey(key[0]) {
-		s.writeError(w, r, newInvalidError(map[string]string{
-			"Idempotency-Key": "must be 1 to 255 printable ASCII characters, sent once"}))
+	if len(key) != 1 || len(key[0]) < 1 || len(key[0]) > 255 ||
+		strings.ContainsFunc(key[0], func(c rune) bool { return c < ' ' || c > '~' }) {
+		s.writeError(w, r, invalid(problems{"Idempotency-Key": "must be 1 to 255 printable ASCII characters, sent once"}))
 		return
 	}
 	slot := who.Account + "\x00" + key[0]
-	if !s.inFlight.claim(slot) {
-		s.writeError(w, r, &apiError{http.StatusConflict, "idempotency_in_flight",
-			"a request with this Idempotency-Key is still running; retry shortly"})
+	if _, running := s.inFlight.LoadOrStore(slot, true); running {
+		s.writeError(w, r, &apiError{code: "idempotency_in_flight",
+			message: "a request with this Idempotency-Key is still running; retry shortly"})
 		return
 	}
-	defer s.inFlight.release(slot)
+	defer s.inFlight.Delete(slot)
 	// Claimed first, looked up second: a first request that held the claim
 	// has committed its answer by the time the claim is free.
-	fingerprint := requestFingerprint(r, body)
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\n%s\n%s\n%s\n", r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header.Get("If-Match"))
+	h.Write(body)
+	fingerprint := h.Sum(nil) // the same request: method, path, query, If-Match and body
 	prior, err := s.store.findResponse(r.Context(), who.Account, key[0])
 	switch {
 	case err == nil && !bytes.Equal(prior.Fingerprint, fingerprint):
-		s.writeError(w, r, &apiError{http.StatusUnprocessableEntity, "idempotency_mismatch",
-			"this Idempotency-Key was used with a different request"})
-		return
+		s.writeError(w, r, &apiError{code: "idempotency_mismatch",
+			message: "this Idempotency-Key was used with a different request; use a new key"})
 	case err == nil:
 		w.Header().Set("Idempotent-Replayed", "true")
-		w.WriteHeader(prior.Status)
-		w.Write(prior.Body)
-		return
-	case !errors.Is(err, errNotFound):
+		s.send(w, r, prior, nil)
+	case err != errNotFound:
 		s.writeError(w, r, err)
-		return
+	default:
+		who.Idempotency = &idempotencyKey{Key: key[0], Fingerprint: fingerprint, Render: render}
+		out, err := op(who)
+		if answer := who.Idempotency.Answer; answer.Body != nil {
+			s.send(w, r, answer, err)
+			return
+		}
+		s.send(w, r, render(out, err), err)
 	}
-	who.Idempotency = &idempotencyKey{Key: key[0], Fingerprint: fingerprint,
-		Answer: func(id string, err error) (int, []byte, bool) {
-			status, env := outcome(id, message, err)
-			body, encodeErr := json.Marshal(env)
-			return status, body, encodeErr == nil && status < 500
-		}}
-	id, err := op(who)
-	s.reply(w, r, id, message, err)
 }
 
-// requestFingerprint identifies a request for Idempotency-Key reuse: method,
-// path, query and body.
-func requestFingerprint(r *http.Request, body []byte) []byte {
-	h := sha256.New()
-	fmt.Fprintf(h, "%s\n%s\n%s\n", r.Method, r.URL.EscapedPath(), r.URL.RawQuery)
-	h.Write(body)
-	return h.Sum(nil)
-}
-
-// claims is a set of keys, each held by at most one request at a time.
-type claims struct {
-	mu   sync.Mutex
-	held map[string]bool
-}
-
-// claim takes k and reports whether it was free.
-func (c *claims) claim(k string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.held[k] {
-		return false
-	}
-	if c.held == nil {
-		c.held = map[string]bool{}
-	}
-	c.held[k] = true
-	return true
-}
-
-func (c *claims) release(k string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	delete(c.held, k)
-}
-
-// reply answers a write with the outcome of its operation.
-func (s *server) reply(w http.ResponseWriter, r *http.Request, id, message string, err error) {
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	status, env := outcome(id, message, nil)
-	s.writeJSON(w, r, status, env)
-}
-
-// outcome is the status and envelope that answer a write: the button id and
-// message on success, else the error's.
-func outcome(id, message string, err error) (int, envelope) {
-	if err != nil {
-		return errorEnvelope(err)
-	}
-	return http.StatusOK, envelope{IsSuccess: true, Data: id, Message: message}
-}
+// --- views ---
 
 // buttonView is a button as the API shows it: amounts as decimal text in the
 // currency's minor unit, times in RFC 3339 UTC, absent values as null.
 type buttonView struct {
-	ID                       string  `json:"id"`
-	ProductName              string  `json:"productName"`
-	Description              *string `json:"description"`
-	Amount                   string  `json:"amount"`
-	Currency                 string  `json:"currency"`
-	BillingInterval          *string `json:"billingInterval"`
-	PaymentMethod            string  `json:"paymentMethod"`
-	PaymentType              string  `json:"paymentType"`
-	IsLive                   bool    `json:"isLive"`
-	ApplicationFeePercentage *string `json:"ApplicationFeePercentage"`
-	State                    string  `json:"state"`
-	Version                  int64   `json:"version"`
-	CreatedAt                string  `json:"createdAt"`
-	UpdatedAt                string  `json:"updatedAt"`
-	DeletedAt                *string `json:"deletedAt"`
+	ID                       string            `json:"id"`
+	ProductName              string            `json:"productName"`
+	Description              *string           `json:"description"`
+	Amount                   string            `json:"amount"`
+	Currency                 string            `json:"currency"`
+	BillingInterval          *string           `json:"billingInterval"`
+	PaymentMethod            string            `json:"paymentMethod"`
+	PaymentType              string            `json:"paymentType"`
+	IsLive                   bool              `json:"isLive"`
+	ApplicationFeePercentage *string           `json:"ApplicationFeePercentage"`
+	Metadata                 map[string]string `json:"metadata"`
+	State                    string            `json:"state"`
+	Version                  int64             `json:"version"`
+	ChangeSeq                int64             `json:"changeSeq"`
+	CreatedAt                timestamp         `json:"createdAt"`
+	UpdatedAt                timestamp         `json:"updatedAt"`
+	DeletedAt                timestamp         `json:"deletedAt"`
 }
 
 func viewOf(b button) buttonView {
-	v := buttonView{
-		ID:            b.ID,
-		ProductName:   b.ProductName,
-		Amount:        formatAmount(b.AmountMinor, b.Currency),
-		Currency:      b.Currency,
-		PaymentMethod: b.PaymentMethod,
-		PaymentType:   b.PaymentType,
-		IsLive:        b.IsLive,
-		State:         b.State,
-		Version:       b.Version,
-		CreatedAt:     formatTime(b.CreatedAt),
-		UpdatedAt:     formatTime(b.UpdatedAt),
+	orNil := func(s string) *string {
+		if s == "" {
+			return nil
+		}
+		return &s
 	}
-	if b.Description != "" {
-		v.Description = &b.Description
-	}
-	if b.BillingInterval != "" {
-		v.BillingInterval = &b.BillingInterval
-	}
+	fee := ""
 	if b.FeeBasisPoints != 0 {
-		fee := formatFee(b.FeeBasisPoints)
-		v.ApplicationFeePercentage = &fee
+		fee = formatFee(b.FeeBasisPoints)
 	}
-	if !b.DeletedAt.IsZero() {
-		deleted := formatTime(b.DeletedAt)
-		v.DeletedAt = &deleted
+	if b.Metadata == nil {
+		b.Metadata = metadata{} // shown as {}
 	}
-	return v
+	return buttonView{ID: b.ID, ProductName: b.ProductName, Description: orNil(b.Description),
+		Amount: formatAmount(b.AmountMinor, b.Currency), Currency: b.Currency, BillingInterval: orNil(b.BillingInterval),
+		PaymentMethod: b.PaymentMethod, PaymentType: b.PaymentType, IsLive: b.IsLive, ApplicationFeePercentage: orNil(fee),
+		Metadata: b.Metadata, State: b.State, Version: b.Version, ChangeSeq: b.ChangeSeq,
+		CreatedAt: b.CreatedAt, UpdatedAt: b.UpdatedAt, DeletedAt: b.DeletedAt}
 }
 
-// --- body ---
+func viewsOf(buttons []button) []buttonView {
+	views := make([]buttonView, len(buttons))
+	for i, b := range buttons {
+		views[i] = viewOf(b)
+	}
+	return views
+}
+
+// formatAmount writes minor units of currency as decimal text with the
+// currency's decimal places: "19.90" USD, "500" JPY, "1.250" KWD (2 for a
+// code no longer in the table).
+func formatAmount(minor int64, currency string) string {
+	exp, ok := currencyExponents[currency]
+	if !ok {
+		exp = 2
+	}
+	return formatScaled(minor, exp)
+}
+
+// formatFee writes basis points as a percentage with two decimals: 250 -> "2.50".
+func formatFee(basisPoints int64) string { return formatScaled(basisPoints, 2) }
+
+// formatScaled writes n / 10^exp with exp decimal places; n is never negative.
+func formatScaled(n int64, exp int) string {
+	text := fmt.Sprintf("%0*d", exp+1, n)
+	if exp == 0 {
+		return text
+	}
+	return text[:len(text)-exp] + "." + text[len(text)-exp:]
+}
 
 // readBody returns the request body once it has checked the media type (a
 // missing Content-Type is read as JSON) and the 64 KiB cap. A body announced as
@@ -415,21 +499,20 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mediaType, _, err := mime.ParseMediaType(ct)
 		if err != nil || (mediaType != "application/json" && !strings.HasSuffix(mediaType, "+json")) {
-			return nil, &apiError{http.StatusUnsupportedMediaType, "unsupported_media_type",
-				"Content-Type must be application/json"}
+			return nil, &apiError{code: "unsupported_media_type", message: "Content-Type must be application/json"}
 		}
 	}
-	tooLarge := &apiError{http.StatusRequestEntityTooLarge, "payload_too_large", "body is larger than 64 KiB"}
+	tooLarge := &apiError{code: "payload_too_large", message: "body is larger than 64 KiB"}
 	if r.ContentLength > maxBodyBytes {
 		return nil, tooLarge
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	var maxErr *http.MaxBytesError
-	if errors.As(err, &maxErr) {
+	switch {
+	case errors.As(err, &maxErr):
 		return nil, tooLarge
-	}
-	if err != nil {
-		return nil, newInvalidError(map[string]string{"body": "could not be read"})
+	case err != nil:
+		return nil, invalid(problems{"body": "could not be read"})
 	}
 	return body, nil
 }
@@ -445,123 +528,120 @@ type envelope struct {
 	Errors    map[string]string `json:"errors,omitempty"`
 }
 
-// apiError is an answer decided by the HTTP layer itself (auth, limits, media type, routing).
-type apiError struct {
-	status  int
-	code    string
-	message string
-}
+// internalError is what a client sees of a bug.
+var internalError = []byte(`{"isSuccess":false,"data":"","message":"internal error","code":"internal"}`)
 
-func (e *apiError) Error() string { return e.message }
-
-// writeJSON marshals v before writing the header, so that a value that cannot
-// be encoded still becomes a clean 500.
-func (s *server) writeJSON(w http.ResponseWriter, r *http.Request, status int, v envelope) {
-	body, err := json.Marshal(v)
+// answer renders env, sent with status. An envelope that cannot be encoded
+// becomes the internal error, logged.
+func (s *server) answer(r *http.Request, status int, env envelope) storedResponse {
+	body, err := json.Marshal(env)
 	if err != nil {
 		s.log.Error("encode response", "requestId", requestID(r.Context()), "err", err)
-		status = http.StatusInternalServerError
-		body = []byte(`{"isSuccess":false,"data":"","message":"internal error","code":"internal"}`)
+		return storedResponse{Status: http.StatusInternalServerError, Body: internalError}
 	}
-	w.WriteHeader(status)
-	w.Write(body)
+	return storedResponse{Status: status, Body: body}
 }
 
-// errorEnvelope is the one place an error becomes a status and a code. An
-// unexpected error reads only "internal error".
+func (s *server) writeJSON(w http.ResponseWriter, r *http.Request, status int, env envelope) {
+	s.send(w, r, s.answer(r, status, env), nil)
+}
+
+// errorEnvelope is the status and envelope of err. An error that is not an
+// *apiError is a bug: the client reads only "internal error".
 func errorEnvelope(err error) (int, envelope) {
-	env := envelope{Data: ""}
-	var status int
-	var invalid *invalidError
-	var wrongState *stateError
-	var known *apiError
-	switch {
-	case errors.As(err, &known):
-		status, env.Code, env.Message = known.status, known.code, known.message
-	case errors.As(err, &invalid):
-		status, env.Code, env.Message, env.Errors = http.StatusBadRequest, "invalid_request", invalid.message, invalid.fields
-	case errors.Is(err, errNotFound):
-		status, env.Code, env.Message = http.StatusNotFound, "not_found", "no such button"
-	case errors.As(err, &wrongState):
-		status, env.Code, env.Message = http.StatusConflict, "wrong_state", wrongState.reason
-	case errors.Is(err, errPreconditionFailed):
-		status, env.Code, env.Message = http.StatusPreconditionFailed, "precondition_failed",
-			"the button has changed since the version in If-Match; get it again"
-	case errors.Is(err, errUnavailable), errors.Is(err, errClosed):
-		status, env.Code, env.Message = http.StatusServiceUnavailable, "unavailable", "the database is busy; retry shortly"
-	default:
-		status, env.Code, env.Message = http.StatusInternalServerError, "internal", "internal error"
+	var e *apiError
+	if !errors.As(err, &e) || statusOf[e.code] == 0 {
+		e = &apiError{code: "internal", message: "internal error"}
 	}
-	return status, env
+	return statusOf[e.code], envelope{Data: "", Message: e.message, Code: e.code, Errors: e.fields}
 }
 
-// writeError answers with err's envelope. A 5xx is logged with the request id
-// and the details the client never sees; a 503 says when to retry.
 func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	status, env := errorEnvelope(err)
-	switch {
-	case status == http.StatusServiceUnavailable:
-		s.log.Warn("database unavailable", "requestId", requestID(r.Context()), "err", err)
-		w.Header().Set("Retry-After", "1")
-	case status >= 500:
-		s.log.Error("internal error", "requestId", requestID(r.Context()), "err", err)
+	s.send(w, r, s.answer(r, status, env), err)
+}
+
+// send writes a rendered answer. A 5xx is logged as an error with its cause,
+// which the client never sees; a 503 says when to retry.
+func (s *server) send(w http.ResponseWriter, r *http.Request, answer storedResponse, err error) {
+	if answer.Status >= 500 {
+		s.log.Error("request failed", "requestId", requestID(r.Context()), "status", answer.Status, "err", err)
 	}
-	s.writeJSON(w, r, status, env)
+	if answer.Status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", "1")
+	}
+	w.WriteHeader(answer.Status)
+	w.Write(answer.Body)
 }
 
 // --- wrappers ---
 
-// withKey authenticates the X-API-KEY header and applies the key's rate limit
-// before next runs, and so before any body is read.
-func (s *server) withKey(next keyedHandler) http.Handler {
+// keyed admits the request's key and, for a write, its scope before h runs,
+// and so before any body is read.
+func (s *server) keyed(write bool, h func(w http.ResponseWriter, r *http.Request, who actor)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		secret, ok := s.apiKeyHeader(w, r)
-		if !ok {
-			return
-		}
-		key, err := s.store.authenticate(r.Context(), secret)
-		if s.admit(w, r, key, err) {
-			next(w, r, actor{Account: key.Account, KeyID: key.ID, RequestID: requestID(r.Context())})
+		if key, ok := s.admit(w, r, write, s.store.authenticate); ok {
+			h(w, r, actor{Account: key.Account, KeyID: key.ID, RequestID: requestID(r.Context())})
 		}
 	})
 }
 
-// apiKeyHeader returns the X-API-KEY header, or answers 401 if there is none.
-func (s *server) apiKeyHeader(w http.ResponseWriter, r *http.Request) (string, bool) {
+// admit looks up the request's X-API-KEY with lookup. It answers 401 for a
+// missing, unknown or revoked key, 429 once the client's address has failed
+// too often (without a lookup, unless the key is one that has authenticated),
+// 403 for a read-only key on a write, and 429 for a key over its rate limit;
+// else it names the key in the access line and lets the request go on.
+func (s *server) admit(w http.ResponseWriter, r *http.Request, write bool,
+	lookup func(ctx context.Context, secret string) (apiKey, error)) (apiKey, bool) {
 	secret := r.Header.Get("X-API-KEY")
-	if secret == "" {
-		s.writeError(w, r, &apiError{http.StatusUnauthorized, "unauthorized", "the X-API-KEY header is required"})
+	hash := sha256.Sum256([]byte(secret))
+	_, known := s.goodKeys.Load(hash)
+	if !known {
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		if ok, wait := s.failures.allow(host, time.Now()); !ok {
+			s.refuse(w, r, wait, "too many requests without a valid API key from this address; retry later")
+			return apiKey{}, false
+		}
 	}
-	return secret, secret != ""
-}
-
-// admit answers 401 for an unknown or revoked key (authErr errUnknownKey), the
-// fault for any other authErr, and 429 for a key over its rate limit; else it
-// names the key in the access line and says the request may go on.
-func (s *server) admit(w http.ResponseWriter, r *http.Request, key apiKey, authErr error) bool {
+	if secret == "" {
+		s.writeError(w, r, &apiError{code: "unauthorized", message: "the X-API-KEY header is required"})
+		return apiKey{}, false
+	}
+	key, err := lookup(r.Context(), secret)
 	switch {
-	case errors.Is(authErr, errUnknownKey):
-		s.writeError(w, r, &apiError{http.StatusUnauthorized, "unauthorized", "the API key is not valid"})
-		return false
-	case authErr != nil:
-		s.writeError(w, r, authErr)
-		return false
+	case err != nil:
+		if err == errUnknownKey {
+			s.goodKeys.Delete(hash)
+		}
+		s.writeError(w, r, err)
+		return apiKey{}, false
+	case !known:
+		s.goodKeys.Store(hash, true)
 	}
 	if info, _ := r.Context().Value(requestInfoKey{}).(*requestInfo); info != nil {
 		info.keyID = key.ID
 	}
-	if ok, wait := s.limiter.allow(key.ID, time.Now()); !ok {
-		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
-		s.writeError(w, r, &apiError{http.StatusTooManyRequests, "rate_limited", "too many requests for this API key; retry later"})
-		return false
+	if write && key.ReadOnly {
+		s.writeError(w, r, &apiError{code: "forbidden", message: "this API key is read-only"})
+		return apiKey{}, false
 	}
-	return true
+	if ok, wait := s.limiter.allow(key.ID, time.Now()); !ok {
+		s.refuse(w, r, wait, "too many requests for this API key; retry later")
+		return apiKey{}, false
+	}
+	return key, true
+}
+
+// refuse answers 429 with a Retry-After of wait in whole seconds, at least one.
+func (s *server) refuse(w http.ResponseWriter, r *http.Request, wait time.Duration, message string) {
+	w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(wait.Seconds())))))
+	s.writeError(w, r, &apiError{code: "rate_limited", message: message})
 }
 
 // enveloped routes through mux, but answers what the mux would answer in plain
 // text (404, 405, and redirects to a cleaned path) with the envelope instead.
 func (s *server) enveloped(mux *http.ServeMux) http.Handler {
-	notFound := &apiError{http.StatusNotFound, "not_found", "no such path"}
+	notFound := &apiError{code: "not_found", message: "no such path"}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// A path with "..", "//", "." or a trailing slash would be redirected.
 		if r.URL.Path == "" || path.Clean(r.URL.Path) != r.URL.Path {
@@ -581,9 +661,10 @@ func (s *server) enveloped(mux *http.ServeMux) http.Handler {
 			s.writeError(w, r, notFound)
 			return
 		}
-		w.Header().Set("Allow", probe.header.Get("Allow"))
-		s.writeError(w, r, &apiError{http.StatusMethodNotAllowed, "method_not_allowed",
-			"method " + r.Method + " is not allowed here; allowed: " + probe.header.Get("Allow")})
+		allow := probe.header.Get("Allow")
+		w.Header().Set("Allow", allow)
+		s.writeError(w, r, &apiError{code: "method_not_allowed",
+			message: "method " + r.Method + " is not allowed here; allowed: " + allow})
 	})
 }
 
@@ -599,31 +680,28 @@ func (p *probeWriter) Write(b []byte) (int, error) { return len(b), nil }
 
 // requestInfo is what the access line says of a request beyond what the
 // request itself holds; the wrappers fill it in as they learn it.
-type requestInfo struct {
-	id    string
-	keyID string
-}
+type requestInfo struct{ id, keyID string }
 
 type requestInfoKey struct{}
 
 // requestID returns the id withBasics gave the request.
 func requestID(ctx context.Context) string {
-	info, _ := ctx.Value(requestInfoKey{}).(*requestInfo)
-	if info == nil {
-		return ""
+	if info, _ := ctx.Value(requestInfoKey{}).(*requestInfo); info != nil {
+		return info.id
 	}
-	return info.id
+	return ""
 }
 
 // withBasics sets the headers every response carries, gives the request its id
 // (the caller's X-Request-Id when it is sane), turns a panic into a logged 500,
-// and writes the access line: never the key, only its id.
+// and writes the access line (never the key, only its id) and the metrics.
 func (s *server) withBasics(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		info := &requestInfo{id: r.Header.Get("X-Request-Id")}
-		if !saneRequestID(info.id) {
-			info.id = newRequestID()
+		if !asciiIn(info.id, 1, 128, nameChars+":") {
+			// Unique, not secret: math/rand spares a system call a request.
+			info.id = "req_" + strconv.FormatUint(mathrand.Uint64(), 36)
 		}
 		h := w.Header()
 		h.Set("Content-Type", "application/json")
@@ -638,7 +716,8 @@ func (s *server) withBasics(next http.Handler) http.Handler {
 					panic(v)
 				}
 				s.log.Error("panic", "requestId", info.id, "panic", v, "stack", string(debug.Stack()))
-				s.writeError(rec, r, &apiError{http.StatusInternalServerError, "internal", "internal error"})
+				rec.WriteHeader(http.StatusInternalServerError)
+				rec.Write(internalError)
 			}
 			// r.Pattern is the route the mux matched, "" for none.
 			s.log.LogAttrs(r.Context(), slog.LevelInfo, "request",
@@ -649,6 +728,7 @@ func (s *server) withBasics(next http.Handler) http.Handler {
 				slog.Int("bytes", rec.bytes),
 				slog.String("requestId", info.id),
 				slog.String("keyId", info.keyID))
+			s.metrics.observe(r.Pattern, rec.status, time.Since(start))
 		}()
 		next.ServeHTTP(rec, r)
 	})
@@ -675,44 +755,14 @@ func (w *recordingWriter) Write(b []byte) (int, error) {
 // Unwrap lets http.ResponseController reach the connection.
 func (w *recordingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// newRequestID makes the id of a request that came without a sane one. It
-// must be unique, not secret: math/rand spares a system call a request.
-func newRequestID() string {
-	var id [13]byte // 65 bits
-	n := mathrand.Uint64()
-	for i := range id {
-		id[i] = crockford[n&31]
-		n >>= 5
-	}
-	return "req_" + string(id[:])
-}
+// --- rate limits ---
 
-// saneRequestID accepts 1 to 128 characters of letters, digits and ._:- so a
-// caller's id can go into logs and headers unescaped.
-func saneRequestID(id string) bool {
-	if id == "" || len(id) > 128 {
-		return false
-	}
-	for _, c := range []byte(id) {
-		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
-			c == '.' || c == '_' || c == ':' || c == '-'
-		if !ok {
-			return false
-		}
-	}
-	return true
-}
-
-// --- rate limit ---
-
-// rateLimiter is a token bucket per API key: rate tokens a second up to burst.
-// A rate of 0 turns it off.
+// rateLimiter is a token bucket per key (an API key's id, or an address):
+// rate tokens a second up to burst. A rate of 0 turns it off.
 type rateLimiter struct {
-	rate  float64
-	burst float64
-
-	mu      sync.Mutex
-	buckets map[string]*tokenBucket
+	rate, burst float64
+	mu          sync.Mutex
+	buckets     map[string]*tokenBucket
 }
 
 type tokenBucket struct {
@@ -725,23 +775,120 @@ func newRateLimiter(rate float64, burst int) *rateLimiter {
 }
 
 // allow takes a token from key's bucket; when there is none it says how long
-// until there will be.
+// until there will be. Buckets that have filled up again are forgotten once
+// there are many, so that many addresses cannot grow the map without bound.
 func (l *rateLimiter) allow(key string, t time.Time) (bool, time.Duration) {
 	if l.rate <= 0 {
 		return true, 0
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if len(l.buckets) > 10_000 {
+		maps.DeleteFunc(l.buckets, func(_ string, b *tokenBucket) bool {
+			return b.tokens+t.Sub(b.at).Seconds()*l.rate >= l.burst
+		})
+	}
 	b, ok := l.buckets[key]
 	if !ok {
 		b = &tokenBucket{tokens: l.burst, at: t}
 		l.buckets[key] = b
 	}
-	b.tokens = min(l.burst, b.tokens+t.Sub(b.at).Seconds()*l.rate)
-	b.at = t
+	b.tokens, b.at = min(l.burst, b.tokens+t.Sub(b.at).Seconds()*l.rate), t
 	if b.tokens >= 1 {
 		b.tokens--
 		return true, 0
 	}
 	return false, time.Duration((1 - b.tokens) / l.rate * float64(time.Second))
+}
+
+// --- metrics ---
+
+// metrics counts requests by route pattern and status, and their durations,
+// for /metrics. Labels never hold an account, a key or a button id.
+type metrics struct {
+	mu        sync.Mutex
+	requests  map[[2]string]int64 // route, status -> requests
+	durations map[string]*histogram
+}
+
+// durationBounds are the request duration histogram's buckets, in seconds.
+var durationBounds = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10}
+
+func (m *metrics) observe(route string, status int, d time.Duration) {
+	if m == nil {
+		return
+	}
+	if route == "" {
+		route = "unmatched"
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.requests[[2]string{route, strconv.Itoa(status)}]++
+	if m.durations[route] == nil {
+		m.durations[route] = &histogram{bounds: durationBounds, counts: make([]int64, len(durationBounds)+1)}
+	}
+	m.durations[route].observe(d.Seconds())
+}
+
+// histogram counts observations into buckets: counts[i] those up to
+// bounds[i], the last those above every bound.
+type histogram struct {
+	bounds []float64
+	counts []int64
+	sum    float64
+}
+
+func (h *histogram) observe(v float64) {
+	i, _ := slices.BinarySearch(h.bounds, v)
+	h.counts[i]++
+	h.sum += v
+}
+
+// write writes h in the Prometheus text format, its buckets cumulative;
+// label is `name="value"` or "".
+func (h *histogram) write(w io.Writer, name, label string) {
+	var total int64
+	for i, n := range h.counts {
+		total += n
+		le := "+Inf"
+		if i < len(h.bounds) {
+			le = strconv.FormatFloat(h.bounds[i], 'g', -1, 64)
+		}
+		fmt.Fprintf(w, "%s_bucket{%s%sle=%q} %d\n", name, label, strings.Repeat(",", min(len(label), 1)), le, total)
+	}
+	if label != "" {
+		label = "{" + label + "}"
+	}
+	fmt.Fprintf(w, "%s_sum%s %g\n%s_count%s %d\n", name, label, h.sum, name, label, total)
+}
+
+// handleMetrics answers in the Prometheus text exposition format.
+func (s *server) handleMetrics(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	commits, ops, batches, size := s.store.stats()
+	var out bytes.Buffer
+	m := s.metrics
+	m.mu.Lock()
+	fmt.Fprintln(&out, "# HELP paybuttons_http_requests_total Requests answered, by route pattern and status code.")
+	fmt.Fprintln(&out, "# TYPE paybuttons_http_requests_total counter")
+	for _, k := range slices.SortedFunc(maps.Keys(m.requests), func(a, b [2]string) int {
+		return strings.Compare(a[0]+" "+a[1], b[0]+" "+b[1])
+	}) {
+		fmt.Fprintf(&out, "paybuttons_http_requests_total{route=%q,code=%q} %d\n", k[0], k[1], m.requests[k])
+	}
+	fmt.Fprintln(&out, "# HELP paybuttons_http_request_duration_seconds Time to answer a request, by route pattern.")
+	fmt.Fprintln(&out, "# TYPE paybuttons_http_request_duration_seconds histogram")
+	for _, route := range slices.Sorted(maps.Keys(m.durations)) {
+		m.durations[route].write(&out, "paybuttons_http_request_duration_seconds", fmt.Sprintf("route=%q", route))
+	}
+	m.mu.Unlock()
+	fmt.Fprintf(&out, "# HELP paybuttons_db_commits_total Transactions the writer committed.\n"+
+		"# TYPE paybuttons_db_commits_total counter\npaybuttons_db_commits_total %d\n", commits)
+	fmt.Fprintln(&out, "# HELP paybuttons_db_batch_size Writes committed together in one transaction.")
+	fmt.Fprintln(&out, "# TYPE paybuttons_db_batch_size histogram")
+	batchSizes := &histogram{bounds: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256}, counts: append(batches, 0), sum: float64(ops)}
+	batchSizes.write(&out, "paybuttons_db_batch_size", "")
+	fmt.Fprintf(&out, "# HELP paybuttons_db_size_bytes Size of the database file.\n"+
+		"# TYPE paybuttons_db_size_bytes gauge\npaybuttons_db_size_bytes %d\n", size)
+	w.Write(out.Bytes())
 }

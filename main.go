@@ -3,6 +3,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -17,6 +19,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -43,12 +46,13 @@ func exitStatus(err error) int {
 
 const usage = `usage:
   paybuttons [serve] [-addr localhost:8080] [-db paybuttons.db] [-provider-name NAME]
-                     [-rate 50] [-burst 100] [-tls-cert FILE -tls-key FILE]
-                     [-log-format text|json] [-log-level debug|info|warn|error]
-  paybuttons keys create -account NAME [-db FILE]
+                     [-rate 50] [-burst 100] [-max-conns 1024] [-metrics=true]
+                     [-tls-cert FILE -tls-key FILE] [-log-format text|json] [-log-level info]
+  paybuttons keys create -account NAME [-read-only] [-db FILE]
   paybuttons keys list   [-db FILE]
   paybuttons keys revoke [-db FILE] KEY_ID
   paybuttons backup      [-db FILE] DEST_FILE
+  paybuttons check       [-db FILE]
   paybuttons version
 Every flag can also be set with PAYBUTTONS_<FLAG> (PAYBUTTONS_DB, PAYBUTTONS_RATE, ...); a flag beats its variable.`
 
@@ -68,9 +72,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		if len(args) == 0 {
 			return &usageError{"keys needs a command: create, list or revoke"}
 		}
-		return keys(ctx, args[0], args[1:], getenv, stdout)
-	case "backup":
-		return backupCommand(ctx, args, getenv, stdout)
+		return keys(ctx, args[0], args[1:], getenv, stdout, stderr)
+	case "backup", "check":
+		return fileCommand(ctx, command, args, getenv, stdout)
 	case "version":
 		fmt.Fprintln(stdout, "paybuttons", version())
 		return nil
@@ -78,21 +82,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintln(stdout, usage)
 		return nil
 	}
-	return &usageError{fmt.Sprintf("unknown command %q (try: serve, keys, backup, version)", command)}
-}
-
-// newFlags returns a flag set whose errors come back as *usageError instead of
-// being printed.
-func newFlags(name string) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	return fs
+	return &usageError{fmt.Sprintf("unknown command %q (try: serve, keys, backup, check, version)", command)}
 }
 
 // parseFlags fills fs from the environment (PAYBUTTONS_ and the flag's name in
-// capitals, "-" as "_"), then from args, so a flag beats its variable.
-func parseFlags(fs *flag.FlagSet, args []string, getenv func(string) string) error {
-	var err error
+// capitals, "-" as "_"), then from args, so a flag beats its variable. It
+// returns the database file's flag, which every command has.
+func parseFlags(fs *flag.FlagSet, args []string, getenv func(string) string) (dbPath string, err error) {
+	db := fs.String("db", "paybuttons.db", "SQLite database file")
+	fs.SetOutput(io.Discard)
 	fs.VisitAll(func(f *flag.Flag) {
 		name := "PAYBUTTONS_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
 		if v := getenv(name); v != "" && err == nil {
@@ -102,39 +100,44 @@ func parseFlags(fs *flag.FlagSet, args []string, getenv func(string) string) err
 		}
 	})
 	if err != nil {
-		return err
+		return "", err
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return &usageError{usage}
-		}
-		return &usageError{err.Error()}
+	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+		return "", &usageError{usage}
+	} else if err != nil {
+		return "", &usageError{err.Error()}
 	}
-	return nil
+	return *db, nil
 }
 
 // serve runs the HTTP API until ctx ends or SIGINT/SIGTERM arrives, then stops
-// accepting, lets requests in flight finish (up to 10 s) and closes the database.
+// accepting, lets requests in flight finish (up to 10 s), answers the change
+// feed's waiting requests at once, and closes the database.
 func serve(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
-	fs := newFlags("serve")
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	addr := fs.String("addr", "localhost:8080", "address to listen on")
-	dbPath := fs.String("db", "paybuttons.db", "SQLite database file")
 	providerName := fs.String("provider-name", "the service", "paymentMethod value of the own processor")
 	rate := fs.Float64("rate", 50, "requests per second per API key (0: no limit)")
 	burst := fs.Int("burst", 100, "requests an API key may send at once")
+	maxConns := fs.Int("max-conns", 1024, "open connections at most")
+	serveMetrics := fs.Bool("metrics", true, "serve GET /metrics")
 	tlsCert := fs.String("tls-cert", "", "TLS certificate file (PEM)")
 	tlsKey := fs.String("tls-key", "", "TLS private key file (PEM)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	var logLevel slog.Level
 	fs.TextVar(&logLevel, "log-level", slog.LevelInfo, "least level logged: debug, info, warn or error")
-	if err := parseFlags(fs, args, getenv); err != nil {
-		return err
-	}
+	dbPath, err := parseFlags(fs, args, getenv)
 	switch {
+	case err != nil:
+		return err
 	case fs.NArg() > 0:
 		return &usageError{fmt.Sprintf("serve takes no arguments, got %q", fs.Arg(0))}
-	case *rate < 0 || *burst < 0 || (*rate > 0 && *burst < 1):
-		return &usageError{"-rate must be 0 or more, and -burst at least 1 when -rate is set"}
+	case math.IsNaN(*rate) || *rate != 0 && (*rate < 0.001 || *rate > 1e6):
+		return &usageError{"-rate must be 0 (no limit) or from 0.001 to 1000000 requests a second"}
+	case *burst < 1 || *burst > 1e6:
+		return &usageError{"-burst must be from 1 to 1000000"}
+	case *maxConns < 1 || *maxConns > 1e6:
+		return &usageError{"-max-conns must be from 1 to 1000000"}
 	case (*tlsCert == "") != (*tlsKey == ""):
 		return &usageError{"-tls-cert and -tls-key go together"}
 	case strings.TrimSpace(*providerName) == "" || *providerName == "Stripe" || *providerName == "StripeConnect":
@@ -150,37 +153,62 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		debug.SetGCPercent(400)
 		debug.SetMemoryLimit(24 << 20)
 	}
-	logOut := newLogWriter(stderr, 100*time.Millisecond)
-	defer logOut.Close()
+	logOut := &logBuffer{out: bufio.NewWriterSize(stderr, 64<<10)}
+	defer logOut.Flush()
 	logOptions := &slog.HandlerOptions{Level: logLevel}
 	var handler slog.Handler = slog.NewTextHandler(logOut, logOptions)
 	if *logFormat == "json" {
 		handler = slog.NewJSONHandler(logOut, logOptions)
 	}
 	logger := slog.New(flushOnWarn{handler, logOut})
-	st, err := openStore(*dbPath)
+
+	// In this order: a second server is refused before it touches the file,
+	// and a start that cannot listen mints no key.
+	release, err := claimServer(dbPath)
+	if err != nil {
+		return err
+	}
+	defer release()
+	st, err := openStore(dbPath)
 	if err != nil {
 		return err
 	}
 	defer st.close()
-	if err := mintFirstKey(ctx, st, stderr); err != nil {
-		return err
-	}
-
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{
-		Handler:           newServer(st, logger, *providerName, newRateLimiter(*rate, *burst)),
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      15 * time.Second,
-		IdleTimeout:       60 * time.Second,
-		MaxHeaderBytes:    16 << 10,
-		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
-		TLSConfig:         &tls.Config{MinVersion: tls.VersionTLS12},
+	defer ln.Close()
+	if err := mintFirstKey(ctx, st, stderr); err != nil {
+		return err
 	}
+
+	api := newServer(st, logger, config{providerName: *providerName, rate: *rate, burst: *burst, metrics: *serveMetrics})
+	var open atomic.Int64
+	srv := &http.Server{
+		Handler:                      api,
+		ReadHeaderTimeout:            5 * time.Second,
+		ReadTimeout:                  10 * time.Second,
+		WriteTimeout:                 15 * time.Second,
+		IdleTimeout:                  60 * time.Second,
+		MaxHeaderBytes:               16 << 10,
+		DisableGeneralOptionsHandler: true, // OPTIONS * gets the envelope too
+		ErrorLog:                     slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		TLSConfig:                    &tls.Config{MinVersion: tls.VersionTLS12},
+		// Past -max-conns a new connection is closed at once: idle
+		// connections cost memory, and a flood of them must not grow it.
+		ConnState: func(c net.Conn, state http.ConnState) {
+			switch state {
+			case http.StateNew:
+				if open.Add(1) > int64(*maxConns) {
+					c.Close()
+				}
+			case http.StateClosed, http.StateHijacked:
+				open.Add(-1)
+			}
+		},
+	}
+	srv.RegisterOnShutdown(api.stop)
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	served := make(chan error, 1)
@@ -195,7 +223,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 			served <- srv.Serve(ln)
 		}
 	}()
-	logger.Info("listening", "url", scheme+"://"+ln.Addr().String(), "db", *dbPath, "version", version())
+	logger.Info("listening", "url", scheme+"://"+ln.Addr().String(), "db", dbPath, "version", version())
 
 	select {
 	case err := <-served:
@@ -209,85 +237,49 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if err := srv.Shutdown(shutdownCtx); err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}
-	if err := st.close(); err != nil {
+	if err := st.close(); errors.Is(err, errCheckpointBusy) {
+		logger.Warn(err.Error())
+	} else if err != nil {
 		return fmt.Errorf("close database: %w", err)
 	}
 	logger.Info("stopped")
-	return logOut.Close()
+	return logOut.Flush()
 }
 
-// logWriter gathers log lines and writes them out at most every interval, so
-// that an access line does not cost a write to stderr of its own.
-type logWriter struct {
-	mu      sync.Mutex
-	out     io.Writer
-	buf     []byte
-	stop    chan struct{}
-	stopped chan struct{}
+// logBuffer holds log lines for up to 100 ms, so that an access line does
+// not cost a write to stderr of its own. Warnings and errors go out at once
+// (flushOnWarn).
+type logBuffer struct {
+	mu  sync.Mutex
+	out *bufio.Writer
 }
 
-func newLogWriter(out io.Writer, interval time.Duration) *logWriter {
-	w := &logWriter{out: out, stop: make(chan struct{}), stopped: make(chan struct{})}
-	go func() {
-		defer close(w.stopped)
-		tick := time.NewTicker(interval)
-		defer tick.Stop()
-		for {
-			select {
-			case <-tick.C:
-				w.flush()
-			case <-w.stop:
-				w.flush()
-				return
-			}
-		}
-	}()
-	return w
-}
-
-// Write takes one log record; slog hands over a whole line at a time.
-func (w *logWriter) Write(line []byte) (int, error) {
-	w.mu.Lock()
-	w.buf = append(w.buf, line...)
-	full := len(w.buf) > 64<<10
-	w.mu.Unlock()
-	if full {
-		w.flush()
+func (l *logBuffer) Write(line []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.out.Buffered() == 0 {
+		time.AfterFunc(100*time.Millisecond, func() { l.Flush() })
 	}
-	return len(line), nil
+	return l.out.Write(line)
 }
 
-func (w *logWriter) flush() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if len(w.buf) > 0 {
-		w.out.Write(w.buf)
-		w.buf = w.buf[:0]
-	}
-}
-
-// Close writes what is left and stops the timer; later calls do nothing.
-func (w *logWriter) Close() error {
-	select {
-	case <-w.stopped:
-	default:
-		close(w.stop)
-		<-w.stopped
-	}
-	return nil
+func (l *logBuffer) Flush() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.out.Flush()
 }
 
 // flushOnWarn writes the log out at once after a record at warn level or
 // above, so that trouble is never waiting in the buffer.
 type flushOnWarn struct {
 	slog.Handler
-	out *logWriter
+	out *logBuffer
 }
 
 func (h flushOnWarn) Handle(ctx context.Context, r slog.Record) error {
 	err := h.Handler.Handle(ctx, r)
 	if r.Level >= slog.LevelWarn {
-		h.out.flush()
+		h.out.Flush()
 	}
 	return err
 }
@@ -304,68 +296,60 @@ func (h flushOnWarn) WithGroup(name string) slog.Handler {
 // prints it once on stderr on a line of its own, so that `go run .` alone is
 // enough to try the service.
 func mintFirstKey(ctx context.Context, st *store, stderr io.Writer) error {
-	n, err := st.countKeys(ctx)
-	if err != nil || n > 0 {
+	if keys, err := st.listKeys(ctx); err != nil || len(keys) > 0 {
 		return err
 	}
-	secret, id, err := st.createKey(ctx, "default")
-	if err != nil {
-		return err
+	secret, id, err := st.createKey(ctx, "default", false)
+	if err == nil {
+		fmt.Fprintf(stderr, "paybuttons: no API key existed; created %s for account \"default\". It is shown once, here:\n%s\n",
+			id, secret)
 	}
-	fmt.Fprintf(stderr, "paybuttons: no API key existed; created %s for account \"default\". It is shown once, here:\n%s\n", id, secret)
-	return nil
+	return err
 }
 
 // keys runs `keys create|list|revoke`.
-func keys(ctx context.Context, command string, args []string, getenv func(string) string, stdout io.Writer) error {
-	fs := newFlags("keys " + command)
-	dbPath := fs.String("db", "paybuttons.db", "SQLite database file")
+func keys(ctx context.Context, command string, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("keys "+command, flag.ContinueOnError)
 	account := fs.String("account", "", "account the new key belongs to (keys create)")
-	if err := parseFlags(fs, args, getenv); err != nil {
+	readOnly := fs.Bool("read-only", false, "the new key may read buttons, never change them (keys create)")
+	dbPath, err := parseFlags(fs, args, getenv)
+	switch {
+	case err != nil:
 		return err
-	}
-	switch command {
-	case "create":
-		if !validAccountName(*account) {
-			return &usageError{"keys create needs -account NAME: 1 to 64 letters, digits, '.', '_' or '-'"}
-		}
-	case "list":
-	case "revoke":
-		if fs.NArg() != 1 {
-			return &usageError{"keys revoke needs exactly one KEY_ID"}
-		}
-	default:
+	case command != "create" && command != "list" && command != "revoke":
 		return &usageError{fmt.Sprintf("unknown keys command %q (try: create, list, revoke)", command)}
-	}
-	if command != "revoke" && fs.NArg() > 0 {
+	case command == "create" && !asciiIn(*account, 1, 64, nameChars):
+		return &usageError{"keys create needs -account NAME: 1 to 64 letters, digits, '.', '_' or '-'"}
+	case command == "revoke" && fs.NArg() != 1:
+		return &usageError{"keys revoke needs exactly one KEY_ID"}
+	case command != "revoke" && fs.NArg() > 0:
 		return &usageError{fmt.Sprintf("keys %s takes no arguments, got %q", command, fs.Arg(0))}
 	}
-	if command != "create" {
-		if _, err := os.Stat(*dbPath); err != nil {
-			return fmt.Errorf("no database at %q", *dbPath)
-		}
+	if _, err := os.Stat(dbPath); err != nil && command != "create" {
+		return fmt.Errorf("no database at %q", dbPath)
 	}
-	st, err := openStore(*dbPath)
+	st, err := openStore(dbPath)
 	if err != nil {
 		return err
 	}
 	defer st.close()
-
 	switch command {
 	case "create":
-		secret, _, err := st.createKey(ctx, *account)
+		secret, id, err := st.createKey(ctx, *account, *readOnly)
 		if err != nil {
 			return err
 		}
 		fmt.Fprintln(stdout, secret)
+		fmt.Fprintf(stderr, "paybuttons: created %s for account %q\n", id, *account)
 	case "list":
 		all, err := st.listKeys(ctx)
 		if err != nil {
 			return err
 		}
 		for _, k := range all {
-			fmt.Fprintf(stdout, "%s\t%s\tcreated %s\tlast used %s\trevoked %s\n",
-				k.ID, k.Account, formatTime(k.CreatedAt), orNever(k.LastUsedAt), orNever(k.RevokedAt))
+			scope := map[bool]string{false: "read-write", true: "read-only"}[k.ReadOnly]
+			fmt.Fprintf(stdout, "%s\t%s\t%s\tcreated %s\tlast used %s\trevoked %s\n",
+				k.ID, k.Account, scope, k.CreatedAt, orNever(k.LastUsedAt), orNever(k.RevokedAt))
 		}
 	case "revoke":
 		if err := st.revokeKey(ctx, fs.Arg(0)); errors.Is(err, errNotFound) {
@@ -377,62 +361,48 @@ func keys(ctx context.Context, command string, args []string, getenv func(string
 	return st.close()
 }
 
-// backupCommand runs `backup [-db FILE] DEST_FILE`: a consistent copy of the
-// database, taken while servers keep using it.
-func backupCommand(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	fs := newFlags("backup")
-	dbPath := fs.String("db", "paybuttons.db", "SQLite database file")
-	if err := parseFlags(fs, args, getenv); err != nil {
-		return err
-	}
-	if fs.NArg() != 1 {
-		return &usageError{"backup needs exactly one DEST_FILE"}
-	}
-	if err := backup(ctx, *dbPath, fs.Arg(0)); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "backup of %s written to %s\n", *dbPath, fs.Arg(0))
-	return nil
-}
-
-// version is the module version and VCS revision the binary was built from,
-// as far as the build recorded them.
-func version() string {
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "(unknown)"
-	}
-	v := info.Main.Version
-	settings := map[string]string{}
-	for _, s := range info.Settings {
-		settings[s.Key] = s.Value
-	}
-	if rev := settings["vcs.revision"]; rev != "" {
-		v += " " + rev
-		if settings["vcs.modified"] == "true" {
-			v += "+modified"
-		}
-	}
-	return v + " " + info.GoVersion
-}
-
-func orNever(t time.Time) string {
+func orNever(t timestamp) string {
 	if t.IsZero() {
 		return "never"
 	}
-	return formatTime(t)
+	return t.String()
 }
 
-// validAccountName keeps account names printable in key listings and logs.
-func validAccountName(name string) bool {
-	if name == "" || len(name) > 64 {
-		return false
-	}
-	for _, c := range []byte(name) {
-		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-'
-		if !ok {
-			return false
+// fileCommand runs `backup [-db FILE] DEST_FILE`, a consistent copy of the
+// database taken while servers keep using it, or `check [-db FILE]`, which
+// says "ok" or what is damaged (then exit status 1).
+func fileCommand(ctx context.Context, command string, args []string, getenv func(string) string, stdout io.Writer) error {
+	fs := flag.NewFlagSet(command, flag.ContinueOnError)
+	dbPath, err := parseFlags(fs, args, getenv)
+	switch {
+	case err != nil:
+		return err
+	case command == "backup" && fs.NArg() != 1:
+		return &usageError{"backup needs exactly one DEST_FILE"}
+	case command == "check" && fs.NArg() != 0:
+		return &usageError{fmt.Sprintf("check takes no arguments, got %q", fs.Arg(0))}
+	case command == "backup":
+		if err := backup(ctx, dbPath, fs.Arg(0)); err != nil {
+			return err
 		}
+		fmt.Fprintf(stdout, "backup of %s written to %s\n", dbPath, fs.Arg(0))
+		return nil
 	}
-	return true
+	report, err := integrityCheck(ctx, dbPath)
+	if err == nil && report != "ok" {
+		fmt.Fprintln(stdout, report)
+		err = fmt.Errorf("database %q is damaged: restore it from a backup", dbPath)
+	} else if err == nil {
+		fmt.Fprintln(stdout, report)
+	}
+	return err
+}
+
+// version is the module version the binary was built from (with its VCS
+// revision, when built in a checkout) and the Go version.
+func version() string {
+	if info, ok := debug.ReadBuildInfo(); ok {
+		return info.Main.Version + " " + info.GoVersion
+	}
+	return "(unknown)"
 }

@@ -2,23 +2,12 @@ package main
 
 import (
 	"bytes"
-	"context"
-	"io"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 )
-
-// runCLI runs the program with args and env, returning stdout and the error.
-func runCLI(t *testing.T, env map[string]string, args ...string) (string, error) {
-	t.Helper()
-	var stdout bytes.Buffer
-	getenv := func(name string) string { return env[name] }
-	err := run(context.Background(), append([]string{"paybuttons"}, args...), getenv, &stdout, io.Discard)
-	return stdout.String(), err
-}
 
 func TestKeysCommands(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "keys.db")

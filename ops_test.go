@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -34,7 +35,7 @@ func TestAccessLogNamesTheKeyIDNeverTheKey(t *testing.T) {
 	keyID := strings.Fields(list)[0]
 
 	srv := startRun(t, "-db", db, "-log-format", "json")
-	req, _ := http.NewRequest("POST", srv.url+"/product-payment/create", strings.NewReader(validCreate(nil)))
+	req, _ := http.NewRequest("POST", srv.url+"/product-payment/create", strings.NewReader(createBody(nil)))
 	req.Header.Set("X-API-KEY", key)
 	req.Header.Set("X-Request-Id", "trace-7")
 	resp, err := http.DefaultClient.Do(req)
@@ -89,11 +90,11 @@ func TestLogLevelHidesAccessLines(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close()
 	ctx, cancel := context.WithCancel(context.Background())
-	stderr := newSyncBuffer()
+	stderr := &syncBuffer{}
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"paybuttons", "-addr", addr, "-db", filepath.Join(t.TempDir(), "quiet.db"), "-log-level", "warn"},
-			noEnv, io.Discard, stderr)
+			func(string) string { return "" }, io.Discard, stderr)
 	}()
 	var resp *http.Response
 	for i := 0; i < 500; i++ {
@@ -182,7 +183,7 @@ func TestHealthz(t *testing.T) {
 	r := e.do("GET", "/healthz", "", "")
 	r.want(t, 200, "")
 	// A database that no longer answers: its connections are closed.
-	e.store.reader.Close()
+	e.store.health.Close()
 	r = e.do("GET", "/healthz", "", "")
 	r.want(t, 503, "unavailable")
 	if r.header.Get("Retry-After") == "" || r.env.Message != "the database does not answer" {
@@ -191,8 +192,8 @@ func TestHealthz(t *testing.T) {
 }
 
 func TestLogWriterHoldsInfoLinesAndFlushesWarnings(t *testing.T) {
-	out := newSyncBuffer()
-	w := newLogWriter(out, time.Hour)
+	out := &syncBuffer{}
+	w := &logBuffer{out: bufio.NewWriter(out)}
 	logger := slog.New(flushOnWarn{slog.NewTextHandler(w, nil), w})
 	logger.Info("request", "n", 1)
 	if got := out.String(); got != "" {
@@ -203,14 +204,14 @@ func TestLogWriterHoldsInfoLinesAndFlushesWarnings(t *testing.T) {
 		t.Errorf("after a warning got %q, want both lines written", got)
 	}
 	logger.Info("last")
-	w.Close()
+	w.Flush()
 	if got := out.String(); !strings.Contains(got, "msg=last") {
 		t.Errorf("after Close got %q, want the last line written", got)
 	}
 }
 
 func TestPanicIsA500ThatLogsTheStack(t *testing.T) {
-	logs := newSyncBuffer()
+	logs := &syncBuffer{}
 	s := &server{log: slog.New(slog.NewTextHandler(logs, nil))}
 	h := s.withBasics(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("secret detail") }))
 	rec := httptest.NewRecorder()

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -63,16 +64,16 @@ func TestListPagesSeeEachButtonOnceWhileOthersAreCreated(t *testing.T) {
 	e := newTestServer(t)
 	var existing []string
 	for i := range 45 {
-		existing = append(existing, e.create(e.key, validCreate(map[string]any{"productName": fmt.Sprint("b", i)})))
+		existing = append(existing, e.create(e.key, createBody(map[string]any{"productName": fmt.Sprint("b", i)})))
 	}
-	e.create(e.keyB, validCreate(nil)) // another account's: never listed
+	e.create(e.keyB, createBody(nil)) // another account's: never listed
 
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { // creates racing the paging
 		defer wg.Done()
 		for range 20 {
-			e.create(e.key, validCreate(nil))
+			e.create(e.key, createBody(nil))
 		}
 	}()
 	seen := e.listAll(e.key, "state=all", 7)
@@ -105,11 +106,11 @@ func TestListPagesSeeEachButtonOnceWhileOthersAreCreated(t *testing.T) {
 
 func TestListFilters(t *testing.T) {
 	e := newTestServer(t)
-	live := e.create(e.key, validCreate(map[string]any{"isLive": true}))
-	connect := e.create(e.key, validCreate(map[string]any{"paymentMethod": "StripeConnect", "ApplicationFeePercentage": "1"}))
-	gone := e.create(e.key, validCreate(nil))
+	live := e.create(e.key, createBody(map[string]any{"isLive": true}))
+	connect := e.create(e.key, createBody(map[string]any{"paymentMethod": "StripeConnect", "ApplicationFeePercentage": "1"}))
+	gone := e.create(e.key, createBody(nil))
 	e.do("DELETE", "/product-payment/delete/"+gone, e.key, "").want(t, 200, "")
-	e.create(e.keyB, validCreate(map[string]any{"isLive": true}))
+	e.create(e.keyB, createBody(map[string]any{"isLive": true}))
 
 	tests := []struct {
 		query string
@@ -157,45 +158,49 @@ func TestListRejectsBadQueries(t *testing.T) {
 	}
 }
 
-// The list query must be served by an index however it is filtered: no scan
-// of the table and no sort, so it stays fast with 100,000 buttons an account.
-func TestListQueriesUseAnIndex(t *testing.T) {
+// A filter no index serves examines at most maxScan rows a page, so that its
+// cost does not grow with the account: past them the page ends early, with
+// hasMore and a next that goes on from where it stopped.
+func TestFilteredListExaminesAtMostMaxScanRows(t *testing.T) {
 	e := newTestServer(t)
-	yes := true
-	for _, f := range []listFilter{
-		{Limit: 21},
-		{Limit: 21, State: stateActive},
-		{Limit: 21, State: stateDeleted, After: "btn_01JD0000000000000000000000"},
-		{Limit: 21, IsLive: &yes, PaymentMethod: "Stripe"},
-		{Limit: 21, State: stateActive, IsLive: &yes, After: "btn_01JD0000000000000000000000"},
-	} {
-		query, args := listQuery("acme", f)
-		rows, err := e.store.reader.Query("EXPLAIN QUERY PLAN "+query, args...)
-		if err != nil {
-			t.Fatal(err)
+	match := e.create(e.key, createBody(map[string]any{"paymentMethod": "StripeConnect", "ApplicationFeePercentage": "1",
+		"metadata": map[string]any{"team": "web"}}))
+	var ids []string // newest first
+	err := e.store.write(context.Background(), func(tx *writeTx) error {
+		for range maxScan + 200 {
+			id := e.store.ids.next()
+			ids = append([]string{id}, ids...)
+			if _, err := tx.exec(`INSERT INTO buttons (id, account, `+buttonFields+`, created_key_id, created_request_id, change_seq)
+				VALUES (?, 'acme', 'W', NULL, 100, 'USD', NULL, 'Stripe', 'one_time', 0, NULL, NULL, 'active', 1,
+				'2026-01-01T00:00:00.000Z', '2026-01-01T00:00:00.000Z', NULL, 'k', 'r', 0)`, id); err != nil {
+				return err
+			}
 		}
-		var plan []string
-		for rows.Next() {
-			var id, parent, unused int
-			var detail string
-			rows.Scan(&id, &parent, &unused, &detail)
-			plan = append(plan, detail)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, filter := range []string{"paymentMethod=StripeConnect", "isLive=true&state=all", "metadata%5Bteam%5D=web"} {
+		got, hasMore, next := e.listPageOf(e.key, filter)
+		if len(got) != 0 || !hasMore || next != ids[maxScan-1] {
+			t.Errorf("list?%s: got %v hasMore %v next %s, want an empty page that goes on after the %dth newest, %s",
+				filter, got, hasMore, next, maxScan, ids[maxScan-1])
 		}
-		rows.Close()
-		joined := strings.Join(plan, "; ")
-		want := "SEARCH buttons USING PRIMARY KEY (account=?"
-		if f.State != "" {
-			want = "SEARCH buttons USING INDEX buttons_by_state (account=? AND state=?"
+		if filter != "isLive=true&state=all" {
+			if got, hasMore, _ := e.listPageOf(e.key, filter+"&after="+next); !slices.Equal(got, []string{match}) || hasMore {
+				t.Errorf("list?%s after %s: got %v hasMore %v, want the one match and the end", filter, next, got, hasMore)
+			}
 		}
-		if !strings.HasPrefix(joined, want) || strings.Contains(joined, "SCAN") || strings.Contains(joined, "TEMP B-TREE") {
-			t.Errorf("filter %+v: got plan %q, want %q... with no scan or sort", f, joined, want)
-		}
+	}
+	if got, _, _ := e.listPageOf(e.key, "limit=2"); !slices.Equal(got, ids[:2]) {
+		t.Errorf("unfiltered list: got %v, want the newest two %v", got, ids[:2])
 	}
 }
 
 func TestHistoryRecordsEveryChange(t *testing.T) {
 	e := newTestServer(t)
-	r := e.do("POST", "/product-payment/create", e.key, validCreate(map[string]any{"amount": "10.00"}), "X-Request-Id", "req-create")
+	r := e.do("POST", "/product-payment/create", e.key, createBody(map[string]any{"amount": "10.00"}), "X-Request-Id", "req-create")
 	r.want(t, 200, "")
 	id := r.dataString()
 	e.do("POST", "/product-payment/update/"+id, e.key, `{"amount":"12.00","description":null}`, "X-Request-Id", "req-update").want(t, 200, "")
@@ -209,6 +214,7 @@ func TestHistoryRecordsEveryChange(t *testing.T) {
 	h.want(t, 200, "")
 	var data struct {
 		Items []struct {
+			Version                      int64
 			At, Action, KeyID, RequestID string
 			Changes                      map[string]struct{ From, To any }
 		}
@@ -217,9 +223,9 @@ func TestHistoryRecordsEveryChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	var actions []string
-	for _, it := range data.Items {
+	for i, it := range data.Items {
 		actions = append(actions, it.Action)
-		if it.KeyID != e.keyID || it.At == "" || it.RequestID == "" {
+		if it.KeyID != e.keyID || it.At == "" || it.RequestID == "" || it.Version != int64(i+1) {
 			t.Errorf("%s entry: got keyId %q at %q requestId %q, want %q and both set", it.Action, it.KeyID, it.At, it.RequestID, e.keyID)
 		}
 	}
@@ -246,7 +252,7 @@ func TestHistoryRecordsEveryChange(t *testing.T) {
 
 func TestIfMatch(t *testing.T) {
 	e := newTestServer(t)
-	id := e.create(e.key, validCreate(nil))
+	id := e.create(e.key, createBody(nil))
 	etag := e.do("GET", "/product-payment/get/"+id, e.key, "").header.Get("ETag")
 
 	e.do("POST", "/product-payment/update/"+id, e.key, `{"amount":"1.00"}`, "If-Match", etag).want(t, 200, "")
@@ -257,7 +263,7 @@ func TestIfMatch(t *testing.T) {
 	} {
 		e.do(op.method, op.path+id, e.key, op.body, "If-Match", etag).want(t, 412, "precondition_failed")
 	}
-	if after, _ := e.stored("acme", id); after != before {
+	if after, _ := e.stored("acme", id); !reflect.DeepEqual(after, before) {
 		t.Errorf("a 412 changed the button: got %+v, want %+v", after, before)
 	}
 	r := e.do("DELETE", "/product-payment/delete/"+id, e.key, "", "If-Match", `"2"`)
@@ -284,7 +290,7 @@ func (e *testEnv) storedAnswers(account string) int {
 
 func TestIdempotentReplay(t *testing.T) {
 	e := newTestServer(t)
-	body := validCreate(nil)
+	body := createBody(nil)
 	first := e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", "order-1")
 	first.want(t, 200, "")
 	again := e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", "order-1")
@@ -299,7 +305,7 @@ func TestIdempotentReplay(t *testing.T) {
 		t.Errorf("got %d buttons, want 1", n)
 	}
 
-	other := e.do("POST", "/product-payment/create", e.key, validCreate(map[string]any{"amount": "1.00"}), "Idempotency-Key", "order-1")
+	other := e.do("POST", "/product-payment/create", e.key, createBody(map[string]any{"amount": "1.00"}), "Idempotency-Key", "order-1")
 	other.want(t, 422, "idempotency_mismatch")
 	otherPath := e.do("POST", "/product-payment/update/"+first.dataString(), e.key, body, "Idempotency-Key", "order-1")
 	otherPath.want(t, 422, "idempotency_mismatch")
@@ -330,7 +336,7 @@ func TestIdempotentReplay(t *testing.T) {
 
 func TestIdempotentDeleteReplaysInsteadOfConflicting(t *testing.T) {
 	e := newTestServer(t)
-	id := e.create(e.key, validCreate(nil))
+	id := e.create(e.key, createBody(nil))
 	e.do("DELETE", "/product-payment/delete/"+id, e.key, "", "Idempotency-Key", "del-1").want(t, 200, "")
 	r := e.do("DELETE", "/product-payment/delete/"+id, e.key, "", "Idempotency-Key", "del-1")
 	r.want(t, 200, "")
@@ -346,7 +352,7 @@ func TestIdempotentDeleteReplaysInsteadOfConflicting(t *testing.T) {
 
 func TestConcurrentRequestsWithOneKeyMakeOneButton(t *testing.T) {
 	e := newTestServer(t)
-	body := validCreate(nil)
+	body := createBody(nil)
 	results := make([]response, 20)
 	var wg sync.WaitGroup
 	for i := range results {
@@ -374,22 +380,22 @@ func TestConcurrentRequestsWithOneKeyMakeOneButton(t *testing.T) {
 
 func TestExpiredIdempotencyKeysAreForgottenAndPurged(t *testing.T) {
 	e := newTestServer(t)
-	e.do("POST", "/product-payment/create", e.key, validCreate(nil), "Idempotency-Key", "old").want(t, 200, "")
-	e.do("POST", "/product-payment/create", e.key, validCreate(nil), "Idempotency-Key", "new").want(t, 200, "")
+	e.do("POST", "/product-payment/create", e.key, createBody(nil), "Idempotency-Key", "old").want(t, 200, "")
+	e.do("POST", "/product-payment/create", e.key, createBody(nil), "Idempotency-Key", "new").want(t, 200, "")
 	err := e.store.write(context.Background(), func(tx *writeTx) error {
-		_, err := tx.Exec(`UPDATE idempotency_keys SET created_at = '2000-01-01T00:00:00.000Z' WHERE key = 'old'`)
+		_, err := tx.exec(`UPDATE idempotency_keys SET created_at = '2000-01-01T00:00:00.000Z' WHERE key = 'old'`)
 		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Past 24 hours the key is free again: another request runs afresh.
-	e.do("POST", "/product-payment/create", e.key, validCreate(map[string]any{"amount": "3.00"}), "Idempotency-Key", "old").want(t, 200, "")
+	e.do("POST", "/product-payment/create", e.key, createBody(map[string]any{"amount": "3.00"}), "Idempotency-Key", "old").want(t, 200, "")
 	e.store.write(context.Background(), func(tx *writeTx) error {
-		_, err := tx.Exec(`UPDATE idempotency_keys SET created_at = '2000-01-01T00:00:00.000Z' WHERE key = 'old'`)
+		_, err := tx.exec(`UPDATE idempotency_keys SET created_at = '2000-01-01T00:00:00.000Z' WHERE key = 'old'`)
 		return err
 	})
-	n, err := e.store.purgeExpired(context.Background())
+	n, err := purge(e.store, 10000)
 	if err != nil || n != 1 {
 		t.Errorf("purge: got %d, %v, want 1 deleted", n, err)
 	}
@@ -400,7 +406,7 @@ func TestExpiredIdempotencyKeysAreForgottenAndPurged(t *testing.T) {
 
 func TestBackupWhileWriting(t *testing.T) {
 	e := newTestServer(t)
-	before := e.create(e.key, validCreate(nil))
+	before := e.create(e.key, createBody(nil))
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -411,7 +417,7 @@ func TestBackupWhileWriting(t *testing.T) {
 			case <-stop:
 				return
 			default:
-				e.create(e.key, validCreate(nil))
+				e.create(e.key, createBody(nil))
 			}
 		}
 	}()
@@ -436,22 +442,23 @@ func TestBackupWhileWriting(t *testing.T) {
 		t.Fatalf("integrity_check on the copy: %q, %v", check, err)
 	}
 	// Every button in the copy has its full history: the copy is one moment.
-	all, err := copied.listButtons(context.Background(), "acme", listFilter{Limit: 1 << 30})
+	all, _, err := copied.listButtons(context.Background(), "acme", listFilter{Limit: 1 << 30})
 	if err != nil || len(all) == 0 {
 		t.Fatalf("list the copy: got %d buttons, %v", len(all), err)
 	}
 	for _, b := range all {
-		entries, err := copied.buttonHistory(context.Background(), "acme", b.ID)
-		if err != nil || int64(len(entries)) != b.Version || entries[len(entries)-1].Button != b {
-			t.Errorf("button %s at version %d: got %d history entries (%v), want one a version ending in the button", b.ID, b.Version, len(entries), err)
+		entries, current, err := copied.buttonHistory(context.Background(), "acme", b.ID, 0, 100)
+		if err != nil || int64(len(entries)) != b.Version || current != b.Version || !reflect.DeepEqual(entries[len(entries)-1].After, b) {
+			t.Errorf("button %s at version %d: got %d history entries (%v), want one a version ending in the button",
+				b.ID, b.Version, len(entries), err)
 		}
 	}
 	// The copy serves: the key and the button made before the backup are there.
-	restored := &testEnv{t: t, url: serveStore(t, copied, serverOptions{}), store: copied}
+	restored := &testEnv{t: t, url: serveStore(t, copied, config{providerName: "the service"}), store: copied}
 	if v := restored.getView(e.key, before); v["id"] != before {
 		t.Errorf("got %v from the restored server, want button %s", v["id"], before)
 	}
-	restored.create(e.key, validCreate(nil))
+	restored.create(e.key, createBody(nil))
 }
 
 func TestBackupRefusesWhatIsNotAPaybuttonsDatabase(t *testing.T) {
@@ -476,12 +483,27 @@ func TestIdempotentNotFoundIsReplayed(t *testing.T) {
 	}
 }
 
-func TestPurgeWorksInBatches(t *testing.T) {
+// purge runs purgeExpired through the writer, as its ticker does.
+func purge(st *store, limit int) (n int64, err error) {
+	err = st.write(context.Background(), func(tx *writeTx) error {
+		n, err = purgeExpired(tx, limit)
+		return err
+	})
+	return n, err
+}
+
+// A purge deletes no more than its limit, so it never holds the writer long;
+// the next one goes on, and answers still young are kept.
+func TestPurgeStopsAtItsLimit(t *testing.T) {
 	e := newTestServer(t)
 	err := e.store.write(context.Background(), func(tx *writeTx) error {
-		for i := range 1234 {
-			if _, err := tx.Exec(`INSERT INTO idempotency_keys (account, key, fingerprint, status, body, created_at)
-				VALUES ('acme', ?, x'00', 200, x'00', '2000-01-01T00:00:00.000Z')`, fmt.Sprint("k", i)); err != nil {
+		for i := range 35 {
+			created := "2000-01-01T00:00:00.000Z"
+			if i >= 30 {
+				created = now().String()
+			}
+			if _, err := tx.exec(`INSERT INTO idempotency_keys (account, key, fingerprint, status, body, created_at)
+				VALUES ('acme', ?, x'00', 200, x'00', ?)`, fmt.Sprint("k", i), created); err != nil {
 				return err
 			}
 		}
@@ -490,7 +512,12 @@ func TestPurgeWorksInBatches(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, err := e.store.purgeExpired(context.Background()); n != 1234 || err != nil {
-		t.Errorf("got %d purged, %v, want all 1234 over three transactions", n, err)
+	for _, want := range []int64{20, 10, 0} {
+		if n, err := purge(e.store, 20); n != want || err != nil {
+			t.Errorf("purge: got %d, %v, want %d", n, err, want)
+		}
+	}
+	if n := e.storedAnswers("acme"); n != 5 {
+		t.Errorf("got %d answers left, want the 5 younger than a day", n)
 	}
 }

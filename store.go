@@ -5,55 +5,86 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"database/sql"
+	"database/sql/driver"
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"math/bits"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 )
 
-// Expected outcomes, mapped to HTTP statuses in one place (handlers.go).
+// storage is every operation the store offers the handlers. An expected
+// outcome is an *apiError (not_found, wrong_state, ...); any other error is a fault.
+type storage interface {
+	authenticate(ctx context.Context, secret string) (apiKey, error)                 // or errUnknownKey
+	getButtonWithKey(ctx context.Context, secret, id string) (apiKey, button, error) // one query for both
+	listButtons(ctx context.Context, account string, f listFilter) (page []button, scanEnd string, err error)
+	buttonHistory(ctx context.Context, account, id string, after, limit int64) ([]historyEntry, int64, error)
+	changes(ctx context.Context, account string, since, limit int64) ([]button, error) // by changeSeq
+	watch(account string) <-chan struct{}                                              // closed at its next change
+
+	// The writes. ifMatch, when not 0, is the version the caller last saw.
+	createButton(ctx context.Context, who actor, b button) (outcome, error)
+	updateButton(ctx context.Context, who actor, id string, ifMatch int64, change func(*button) error) (outcome, error)
+	setState(ctx context.Context, who actor, id string, ifMatch int64, to string) (outcome, error) // delete, restore
+	reject(ctx context.Context, who actor, refusal error) error                                    // keeps a refusal for an Idempotency-Key
+	findResponse(ctx context.Context, account, key string) (storedResponse, error)
+
+	ping(ctx context.Context) error                           // reads every table; fails while writes are refused
+	stats() (commits, ops int64, batches []int64, size int64) // for /metrics
+}
+
+// The commands use openStore, close, createKey, listKeys, revokeKey,
+// claimServer, backup and integrityCheck.
+
+// apiError is every failure a client is told about: code is stable and
+// machine-readable (handlers.go maps it to a status), message is for people,
+// fields holds every failing field for invalid_request. cause is logged, never sent.
+type apiError struct {
+	code    string
+	message string
+	fields  map[string]string
+	cause   error
+}
+
+func (e *apiError) Error() string { return e.message }
+func (e *apiError) Unwrap() error { return e.cause }
+
 var (
-	errNotFound           = errors.New("not found")
-	errUnknownKey         = errors.New("unknown or revoked API key")
-	errPreconditionFailed = errors.New("version does not match")
-	errUnavailable        = errors.New("database unavailable")
-	errClosed             = errors.New("store is closed")
+	errNotFound           = &apiError{code: "not_found", message: "no such button"}
+	errUnknownKey         = &apiError{code: "unauthorized", message: "the API key is not valid"}
+	errPreconditionFailed = &apiError{code: "precondition_failed",
+		message: "the button has changed since the version in If-Match; get it again"}
+	errClosed = &apiError{code: "unavailable", message: "the server is shutting down; retry shortly"}
 )
 
-// stateError says an operation does not apply to the button's current state
-// (update or delete of a deleted button, restore of an active one).
-type stateError struct{ reason string }
-
-func (e *stateError) Error() string { return e.reason }
+func wrongState(why string) *apiError { return &apiError{code: "wrong_state", message: why} }
 
 const (
 	stateActive  = "active"
 	stateDeleted = "deleted"
 
-	// timeLayout is how every time is stored and rendered: RFC 3339, UTC, milliseconds.
-	timeLayout = "2006-01-02T15:04:05.000Z07:00"
-
-	// maxBatch bounds how many waiting writes share one transaction and one fsync.
-	maxBatch = 256
-
-	// idempotencyTTL is how long an answer stays replayable.
-	idempotencyTTL = 24 * time.Hour
+	maxBatch       = 256            // writes that share one transaction and one fsync
+	maxScan        = 1000           // rows a filtered list page examines, however large the account
+	idempotencyTTL = 24 * time.Hour // how long an answer stays replayable
+	applicationID  = 0x70627574     // "pbut" in the header of every paybuttons database
 )
 
-// button is one stored payment button configuration. Optional values use their
-// zero value for "absent": Description "", BillingInterval "", FeeBasisPoints 0
-// (a fee, when present, is at least 0.01% = 1 basis point).
+// button is one stored payment button. Optional values are their zero value
+// when absent ("", a fee of 0 basis points, nil metadata).
 type button struct {
-	ID              string
-	Account         string
+	ID, Account     string
 	ProductName     string
 	Description     string
 	AmountMinor     int64 // in the currency's minor unit (cents for USD, yen for JPY)
@@ -63,40 +94,52 @@ type button struct {
 	PaymentType     string // "one_time" or "subscription"
 	IsLive          bool
 	FeeBasisPoints  int64 // ApplicationFeePercentage in hundredths of a percent: 2.50% = 250
+	Metadata        metadata
 	State           string
 	Version         int64
-	CreatedAt       time.Time
-	UpdatedAt       time.Time
-	DeletedAt       time.Time // zero while active
+	ChangeSeq       int64 // its place in the database's one sequence of changes
+	CreatedAt       timestamp
+	UpdatedAt       timestamp
+	DeletedAt       timestamp // zero while active
 }
 
-// apiKey is a key's public record; the secret itself is never stored.
+// sameAs reports whether b holds every value that a change could make differ from o's.
+func (b button) sameAs(o button) bool {
+	return b.ProductName == o.ProductName && b.Description == o.Description && b.AmountMinor == o.AmountMinor &&
+		b.Currency == o.Currency && b.FeeBasisPoints == o.FeeBasisPoints && b.State == o.State &&
+		maps.Equal(b.Metadata, o.Metadata)
+}
+
+// apiKey is a key's public record; only the secret's SHA-256 is stored.
 type apiKey struct {
-	ID         string
-	Account    string
-	CreatedAt  time.Time
-	LastUsedAt time.Time // zero if never used
-	RevokedAt  time.Time // zero while valid
+	ID, Account string
+	ReadOnly    bool // may read buttons, never change them
+	CreatedAt   timestamp
+	LastUsedAt  timestamp // zero if never used
+	RevokedAt   timestamp // zero while valid
 }
 
 // actor is who asks for a change: the account scopes every query, the key and
-// request ids go into the audit trail.
+// request ids go into the history.
 type actor struct {
-	Account   string
-	KeyID     string
-	RequestID string
-	// Idempotency, when set, makes the write also keep its answer, in the same
-	// transaction as the change.
-	Idempotency *idempotencyKey
+	Account, KeyID, RequestID string
+	Idempotency               *idempotencyKey // keeps the answer with the change, when set
 }
 
-// idempotencyKey is a client's Idempotency-Key and what it needs stored.
+// idempotencyKey is a client's Idempotency-Key on a write. The writer calls
+// Render once, inside the write's transaction, and stores its bytes with the
+// change; Answer then holds them, for the handler to send as they are.
 type idempotencyKey struct {
 	Key         string
-	Fingerprint []byte // hash of the request the key was first used with
-	// Answer renders the response to an outcome (the button id, or the error);
-	// keep is false for an answer that must not be replayed.
-	Answer func(id string, err error) (status int, body []byte, keep bool)
+	Fingerprint []byte // identifies the request the key was first used with
+	Render      func(outcome, error) storedResponse
+	Answer      storedResponse
+}
+
+// outcome is what a write did to a button.
+type outcome struct {
+	ID      string
+	Changed bool // false for an update that gave every field the value it had
 }
 
 // storedResponse is an answer kept for an Idempotency-Key.
@@ -106,14 +149,13 @@ type storedResponse struct {
 	Body        []byte
 }
 
-// historyEntry is one change to a button: who made it, when, and the button
-// as it was right after.
+// historyEntry is one change to a button, with the button before (zero for
+// the create) and after it.
 type historyEntry struct {
-	Action    string // "create", "update", "delete" or "restore"
-	KeyID     string
-	RequestID string
-	At        time.Time
-	Button    button
+	Version                  int64 // the version the change made
+	Action, KeyID, RequestID string
+	At                       timestamp
+	Before, After            button
 }
 
 // listFilter selects a page of an account's buttons, newest first.
@@ -122,206 +164,193 @@ type listFilter struct {
 	After         string // the last id of the previous page, or ""
 	State         string // stateActive, stateDeleted or "" for both
 	IsLive        *bool
-	PaymentMethod string // "" for any
+	PaymentMethod string            // "" for any
+	Metadata      map[string]string // every key must hold its value
 }
 
 // store owns the SQLite file: one writer connection fed by a single goroutine
-// that commits waiting writes together (group commit), and a pool of read-only
+// that commits waiting writes together (group commit), and read-only
 // connections that never wait behind it (WAL).
 type store struct {
+	path    string
 	writer  *sql.DB
 	tx      *writeTx // the writer's one connection; only the writer goroutine uses it
 	reader  *sql.DB
+	reads   statements
+	health  *sql.DB // a connection of its own: /healthz never queues behind reads
 	writes  chan writeOp
 	quit    chan struct{}
-	stopped chan struct{} // closed when the writer has stopped
-	purger  sync.WaitGroup
+	stopped chan struct{} // closed once the writer has stopped
 	ids     idGenerator
 
 	closeOnce sync.Once
 	closeErr  error
 
-	// lastUsedMu guards lastUsedSaved: the last time each key's last_used_at was
-	// written, so a busy key costs one write a minute, not one a request.
-	lastUsedMu    sync.Mutex
-	lastUsedSaved map[string]time.Time
+	wal   os.FileInfo              // the WAL file SQLite opened
+	fault atomic.Pointer[apiError] // set for good once that file is gone: writes are refused
 
-	// readStmts holds the reader pool's prepared statements by SQL text; a
-	// sync.Map, so that every read does not take one lock.
-	readStmts sync.Map
+	lastUsedSaved sync.Map // key id -> time last_used_at was written: at most once a minute
+
+	watchMu  sync.Mutex
+	watchers map[string]chan struct{} // account -> closed at its next committed change
+
+	commits, ops atomic.Int64
+	batches      [9]atomic.Int64 // commits of up to 1, 2, 4, ... 256 writes
 }
 
-// writeOp is one caller's change; the writer runs it inside a shared
-// transaction and sends its result on done. fn must not use the caller's
-// context: SQLite answers an interrupted write by rolling back the whole
-// transaction, which would fail every other caller in the batch. fn may run
-// more than once (see commitBatch), so it must have no effect outside tx.
-type writeOp struct {
-	fn   func(tx *writeTx) error
-	done chan error
-}
-
-// writeTx is the writer's connection, inside the batch's transaction. It
-// prepares each SQL text once and keeps it: SQLite would otherwise parse the
-// statement again on every call, which costs about as much as running it.
-type writeTx struct {
-	conn  *sql.Conn
-	stmts map[string]*sql.Stmt
-	wrote bool // the current op has run a statement that may have changed rows
-}
-
-func (tx *writeTx) prepared(query string) (*sql.Stmt, error) {
-	if st, ok := tx.stmts[query]; ok {
-		return st, nil
+// statements prepares each SQL text once on db and keeps it: SQLite would
+// otherwise parse it again on every call, which costs about as much as running it.
+type statements struct {
+	db interface {
+		PrepareContext(ctx context.Context, query string) (*sql.Stmt, error)
+		QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 	}
-	st, err := tx.conn.PrepareContext(context.Background(), query)
-	if err != nil {
-		return nil, err
-	}
-	tx.stmts[query] = st
-	return st, nil
+	cache sync.Map // SQL text -> *sql.Stmt
 }
 
-// Exec runs a statement in the transaction.
-func (tx *writeTx) Exec(query string, args ...any) (sql.Result, error) {
-	st, err := tx.prepared(query)
-	if err != nil {
-		return nil, err
-	}
-	tx.wrote = true
-	return st.Exec(args...)
-}
-
-// QueryRow runs a query for one row in the transaction.
-func (tx *writeTx) QueryRow(query string, args ...any) rowScanner {
-	st, err := tx.prepared(query)
-	if err != nil {
-		return failedRow{err}
-	}
-	return st.QueryRow(args...)
-}
-
-// close releases the statements and the connection.
-func (tx *writeTx) close() error {
-	for _, st := range tx.stmts {
-		st.Close()
-	}
-	return tx.conn.Close()
-}
-
-// rowScanner is a row to scan: *sql.Row, *sql.Rows, or a failedRow.
-type rowScanner interface{ Scan(...any) error }
-
-// failedRow is a row whose query could not even be prepared.
-type failedRow struct{ err error }
-
-func (r failedRow) Scan(...any) error { return r.err }
-
-// queryRow runs a read for one row on the reader pool with a prepared statement.
-func (s *store) queryRow(ctx context.Context, query string, args ...any) rowScanner {
-	st, err := s.readStmt(query)
-	if err != nil {
-		return failedRow{err}
-	}
-	return st.QueryRowContext(ctx, args...)
-}
-
-// query runs a read on the reader pool with a prepared statement.
-func (s *store) query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	st, err := s.readStmt(query)
-	if err != nil {
-		return nil, err
-	}
-	return st.QueryContext(ctx, args...)
-}
-
-// readStmt prepares query for the reader pool on first use. Two first uses
-// at once may both prepare it; the one stored first is kept.
-func (s *store) readStmt(query string) (*sql.Stmt, error) {
-	if st, ok := s.readStmts.Load(query); ok {
+func (c *statements) prepare(query string) (*sql.Stmt, error) {
+	if st, ok := c.cache.Load(query); ok {
 		return st.(*sql.Stmt), nil
 	}
-	st, err := s.reader.Prepare(query)
+	st, err := c.db.PrepareContext(context.Background(), query)
 	if err != nil {
 		return nil, err
 	}
-	if kept, loaded := s.readStmts.LoadOrStore(query, st); loaded {
+	if kept, loaded := c.cache.LoadOrStore(query, st); loaded { // another caller was first
 		st.Close()
 		return kept.(*sql.Stmt), nil
 	}
 	return st, nil
 }
 
+func (c *statements) queryRow(ctx context.Context, query string, args ...any) *sql.Row {
+	st, err := c.prepare(query)
+	if err != nil { // the query cannot run: let the unprepared call report why, in the Row
+		return c.db.QueryRowContext(ctx, query, args...)
+	}
+	return st.QueryRowContext(ctx, args...)
+}
+
+func (c *statements) query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	st, err := c.prepare(query)
+	if err != nil {
+		return nil, err
+	}
+	return st.QueryContext(ctx, args...)
+}
+
+// close closes the statements. It must come before their database's Close:
+// a connection with a statement open outlives DB.Close, and a process that
+// keeps one open makes the next server trust a crashed one's WAL index.
+func (c *statements) close() {
+	c.cache.Range(func(_, st any) bool {
+		st.(*sql.Stmt).Close()
+		return true
+	})
+}
+
+// writeTx is the writer's connection, inside the batch's transaction. Its
+// statements never take a caller's context: SQLite answers an interrupted
+// statement by rolling back the whole transaction, every caller's write in it.
+type writeTx struct {
+	conn      *sql.Conn
+	stmts     statements
+	committed int64    // the last changeSeq committed
+	seq       int64    // the last changeSeq this batch gave out
+	changed   []string // the accounts this batch changes
+}
+
+func (tx *writeTx) exec(query string, args ...any) (sql.Result, error) {
+	st, err := tx.stmts.prepare(query)
+	if err != nil {
+		return nil, err
+	}
+	return st.Exec(args...)
+}
+
+func (tx *writeTx) queryRow(query string, args ...any) *sql.Row {
+	return tx.stmts.queryRow(context.Background(), query, args...)
+}
+
+// nextChange gives a change to one of account's buttons the next changeSeq.
+func (tx *writeTx) nextChange(account string) int64 {
+	tx.seq++
+	tx.changed = append(tx.changed, account)
+	return tx.seq
+}
+
 // openStore opens (creating if needed) the database at path, applies pending
 // migrations and starts the writer. It fails if the directory does not exist,
-// the file is not a SQLite database, or its schema is newer than this binary.
+// the file is not a paybuttons database, or its schema is newer than this binary.
 func openStore(path string) (*store, error) {
-	dir := filepath.Dir(path)
-	if info, err := os.Stat(dir); err != nil || !info.IsDir() {
-		return nil, fmt.Errorf("database directory %q does not exist", dir)
+	if err := checkDir(path); err != nil {
+		return nil, err
 	}
-	// Pragmas live in the DSN so that every pooled connection gets them.
-	common := "?_pragma=busy_timeout(5000)"
-	// The writer checkpoints as it commits, every 4000 WAL pages (16 MB): a
-	// checkpoint copies each page once however often it changed, so fewer,
-	// larger ones cost the writer less than SQLite's default 1000 (create p99
-	// 1.6 times the ceiling's instead of 2.1). A checkpointer beside the writer
-	// cannot keep the WAL small: the WAL only starts over when a write begins
-	// right after a checkpoint caught up, a moment another connection never sees.
-	// _txlock makes the migrations' transactions IMMEDIATE; the writer says
-	// BEGIN IMMEDIATE itself.
-	writer, err := sql.Open("sqlite", path+common+
+	// Pragmas live in the DSN, so that every pooled connection gets them. The
+	// writer checkpoints every 4000 WAL pages (16 MB) instead of SQLite's 1000:
+	// fewer, larger checkpoints cost it less (README, Performance).
+	const common = "?_pragma=busy_timeout(5000)"
+	writer, _ := sql.Open("sqlite", path+common+ // sql.Open fails only for an unknown driver
 		"&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=wal_autocheckpoint(4000)&_txlock=immediate")
-	if err != nil {
-		return nil, err
-	}
 	writer.SetMaxOpenConns(1)
-	if err := migrate(writer); err != nil {
-		writer.Close()
-		return nil, fmt.Errorf("database %q: %w", path, err)
-	}
+	s := &store{path: path, writer: writer, writes: make(chan writeOp), quit: make(chan struct{}),
+		stopped: make(chan struct{}), watchers: map[string]chan struct{}{}}
 	conn, err := writer.Conn(context.Background())
+	if err == nil {
+		s.tx = &writeTx{conn: conn, stmts: statements{db: conn}}
+		if err = migrate(conn); err == nil {
+			err = conn.QueryRowContext(context.Background(), "SELECT last FROM change_counter").Scan(&s.tx.committed)
+		}
+	}
 	if err != nil {
 		writer.Close()
-		return nil, err
+		return nil, fmt.Errorf("database %q: %w", path, describeOpenError(err))
 	}
-	reader, err := sql.Open("sqlite", path+common+"&_pragma=query_only(1)")
-	if err != nil {
-		conn.Close()
-		writer.Close()
-		return nil, err
-	}
-	// Each connection keeps its own page cache (2 MB); a few are enough to
-	// keep two cores busy.
-	reader.SetMaxOpenConns(4)
-	reader.SetMaxIdleConns(4)
-	s := &store{
-		writer:        writer,
-		tx:            &writeTx{conn: conn, stmts: map[string]*sql.Stmt{}},
-		reader:        reader,
-		writes:        make(chan writeOp),
-		quit:          make(chan struct{}),
-		stopped:       make(chan struct{}),
-		lastUsedSaved: map[string]time.Time{},
-	}
+	s.wal, _ = os.Stat(path + "-wal") // the migration's read opened it
+	s.reader, _ = sql.Open("sqlite", path+common+"&_pragma=query_only(1)")
+	s.health, _ = sql.Open("sqlite", path+common+"&_pragma=query_only(1)")
+	s.reads = statements{db: s.reader}
+	s.reader.SetMaxOpenConns(4) // each keeps its own page cache (2 MB); four keep two cores busy
+	s.reader.SetMaxIdleConns(4)
+	s.health.SetMaxOpenConns(1)
 	go s.runWriter()
-	s.purger.Go(func() { s.runPurger(10 * time.Minute) })
 	return s, nil
 }
 
+// checkDir fails unless the directory the database file is in exists.
+func checkDir(path string) error {
+	if info, err := os.Stat(filepath.Dir(path)); err != nil || !info.IsDir() {
+		return fmt.Errorf("database directory %q does not exist", filepath.Dir(path))
+	}
+	return nil
+}
+
 // close stops the writer, checkpoints the WAL into the main file and closes
-// every connection; later calls return the first call's result. Writes asked
-// for after close fail with errClosed.
+// every connection; later calls return the first call's result. A checkpoint
+// that another process's reader (Litestream, say) keeps from finishing gets a
+// second, not the whole busy timeout: close then returns errCheckpointBusy.
 func (s *store) close() error {
 	s.closeOnce.Do(func() {
 		close(s.quit)
 		<-s.stopped
-		s.purger.Wait()
-		_, cerr := s.tx.conn.ExecContext(context.Background(), "PRAGMA wal_checkpoint(TRUNCATE)")
-		s.closeErr = errors.Join(cerr, s.tx.close(), s.reader.Close(), s.writer.Close())
+		ctx := context.Background()
+		var busy, walPages, moved int
+		_, err := s.tx.conn.ExecContext(ctx, "PRAGMA busy_timeout = 1000")
+		if err == nil {
+			err = s.tx.conn.QueryRowContext(ctx, "PRAGMA wal_checkpoint(TRUNCATE)").Scan(&busy, &walPages, &moved)
+		}
+		if err == nil && busy != 0 {
+			err = errCheckpointBusy
+		}
+		s.tx.stmts.close()
+		s.reads.close()
+		s.closeErr = errors.Join(err, s.tx.conn.Close(), s.reader.Close(), s.health.Close(), s.writer.Close())
 	})
 	return s.closeErr
 }
+
+var errCheckpointBusy = errors.New("the WAL was not checkpointed: another process is reading it " +
+	"(nothing is lost: the next start applies it)")
 
 // migrations are applied in order, each in its own transaction; PRAGMA
 // user_version counts how many a database has had. Never edit one that has
@@ -400,40 +429,56 @@ var migrations = []string{
 	) STRICT, WITHOUT ROWID;
 	CREATE INDEX idempotency_keys_by_age ON idempotency_keys (created_at);
 	CREATE INDEX buttons_by_state ON buttons (account, state, id);`,
+
+	// 3: metadata, read-only keys, the change feed, and the file's mark.
+	// Buttons already stored take changeSeq 1..n in the order they last
+	// changed; change_counter keeps the last one given out.
+	`ALTER TABLE buttons ADD COLUMN metadata TEXT; -- a JSON object, NULL when empty
+	ALTER TABLE button_history ADD COLUMN metadata TEXT;
+	ALTER TABLE buttons ADD COLUMN change_seq INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE api_keys ADD COLUMN read_only INTEGER NOT NULL DEFAULT 0;
+	UPDATE buttons SET change_seq = n
+		FROM (SELECT account AS a, id AS i, row_number() OVER (ORDER BY updated_at, id) AS n FROM buttons)
+		WHERE account = a AND id = i;
+	CREATE TABLE change_counter (last INTEGER NOT NULL) STRICT;
+	INSERT INTO change_counter SELECT count(*) FROM buttons;
+	CREATE INDEX buttons_by_change ON buttons (account, change_seq);
+	PRAGMA application_id = 1885500788;`,
 }
 
-// migrate brings db's schema up to date. It fails on a file that is not a
-// database or whose schema is newer than this binary knows.
-func migrate(db *sql.DB) error {
-	var version int
-	if err := db.QueryRow("PRAGMA user_version").Scan(&version); err != nil {
+// migrate brings the schema up to date. It refuses a file that is not a
+// database, another program's (tables without our application_id, unless an
+// earlier paybuttons made them; Litestream's own tables are fine) and one
+// whose schema is newer than this binary.
+func migrate(conn *sql.Conn) error {
+	ctx := context.Background()
+	var owner, version, tables, ours int
+	err := conn.QueryRowContext(ctx, `SELECT (SELECT application_id FROM pragma_application_id),
+		(SELECT user_version FROM pragma_user_version),
+		(SELECT count(*) FROM sqlite_master WHERE name NOT LIKE '\_litestream%' ESCAPE '\'),
+		(SELECT count(*) FROM sqlite_master WHERE name = 'api_keys')`).Scan(&owner, &version, &tables, &ours)
+	switch {
+	case err != nil:
 		return describeOpenError(err)
-	}
-	if version > len(migrations) {
+	case owner != applicationID && !(owner == 0 && (tables == 0 || version > 0 && ours == 1)):
+		return errors.New("is not a paybuttons database (another program's SQLite file)")
+	case version > len(migrations):
 		return fmt.Errorf("schema version %d is newer than this paybuttons knows (%d)", version, len(migrations))
 	}
-	for i := version; i < len(migrations); i++ {
-		if err := applyMigration(db, i+1, migrations[i]); err != nil {
-			return fmt.Errorf("migration %d: %w", i+1, describeOpenError(err))
+	for ; version < len(migrations); version++ {
+		tx, err := conn.BeginTx(ctx, nil)
+		if err == nil {
+			_, err = tx.Exec(fmt.Sprintf("%s;\nPRAGMA user_version = %d", migrations[version], version+1))
+		}
+		if err == nil {
+			err = tx.Commit()
+		}
+		if err != nil {
+			tx.Rollback()
+			return fmt.Errorf("migration %d: %w", version+1, describeOpenError(err))
 		}
 	}
 	return nil
-}
-
-// applyMigration runs one migration and records its number in one transaction.
-func applyMigration(db *sql.DB, number int, schema string) error {
-	tx, err := db.Begin()
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback()
-	if _, err := tx.Exec(schema); err != nil {
-		return err
-	}
-	if _, err := tx.Exec(fmt.Sprintf("PRAGMA user_version = %d", number)); err != nil {
-		return err
-	}
-	return tx.Commit()
 }
 
 // describeOpenError turns SQLite's first complaint about a file into a sentence.
@@ -456,40 +501,62 @@ func sqliteCode(err error) int {
 	return 0
 }
 
-// classify maps the faults a client should retry (the write lock held past
-// busy_timeout, a full disk) to errUnavailable and leaves the rest alone.
+// classify turns the faults a client should retry (the write lock held past
+// busy_timeout, a full disk, no connection free in time) into unavailable,
+// and a client that went away into canceled; the rest it leaves alone.
 func classify(err error) error {
-	switch sqliteCode(err) {
-	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_FULL:
-		return fmt.Errorf("%w: %v", errUnavailable, err)
+	switch code := sqliteCode(err); {
+	case code == sqlite3.SQLITE_FULL:
+		return &apiError{code: "unavailable", message: "the server's disk is full; retry later", cause: err}
+	case code == sqlite3.SQLITE_BUSY || code == sqlite3.SQLITE_LOCKED || errors.Is(err, context.DeadlineExceeded):
+		return &apiError{code: "unavailable", message: "the database is busy; retry shortly", cause: err}
+	case errors.Is(err, context.Canceled):
+		return &apiError{code: "canceled", message: "the client went away", cause: err}
 	}
 	return err
 }
 
-// write runs fn in the writer's next transaction and returns fn's error, or
-// the commit's. Once handed over, the write is waited for even if ctx ends, so
-// the caller never reports failure for a change that was committed.
+// --- the writer ---
+
+// writeOp is one caller's change. fn runs once, in the writer's transaction;
+// it keeps its own outcome (not found, a refused change) in its closure and
+// returns only a fault, which fails the whole batch.
+type writeOp struct {
+	fn   func(tx *writeTx) error
+	done chan error
+}
+
+// write runs fn in the writer's next transaction and returns the batch's
+// fault or nil once it has committed. Once handed over, the write is waited
+// for even if ctx ends, so a change that committed is never reported as failed.
 func (s *store) write(ctx context.Context, fn func(tx *writeTx) error) error {
 	op := writeOp{fn: fn, done: make(chan error, 1)}
 	select {
 	case s.writes <- op:
+		return <-op.done
 	case <-ctx.Done():
-		return ctx.Err()
+		return classify(ctx.Err())
 	case <-s.quit:
 		return errClosed
 	}
-	return <-op.done
 }
 
 // runWriter takes every write that is waiting, up to maxBatch, and commits
-// them in one transaction: one fsync for all of them.
+// them in one transaction: one fsync for all of them. Once a minute it also
+// purges answers older than idempotencyTTL.
 func (s *store) runWriter() {
 	defer close(s.stopped)
+	purge := time.NewTicker(time.Minute)
+	defer purge.Stop()
 	for {
 		var batch []writeOp
 		select {
 		case op := <-s.writes:
 			batch = append(batch, op)
+		case <-purge.C:
+			// 10,000 a minute keeps up with 160 idempotent writes a second; the rest waits a minute.
+			s.commit([]writeOp{{fn: func(tx *writeTx) error { _, err := purgeExpired(tx, 10_000); return err }}})
+			continue
 		case <-s.quit:
 			return
 		}
@@ -502,149 +569,202 @@ func (s *store) runWriter() {
 				break waiting
 			}
 		}
-		results := s.commitBatch(batch)
-		for i, op := range batch {
-			op.done <- results[i]
+		err := s.commit(batch)
+		for _, op := range batch {
+			op.done <- err
 		}
 	}
 }
 
-// commitBatch runs the batch's ops in one transaction and returns each op's
-// result. An op that fails before it writes (not found, wrong state, a refused
-// change) has changed nothing and simply answers its error. An op that fails
-// after writing would need a savepoint to be undone alone, and a savepoint for
-// every op costs as much as the writes themselves; so instead the transaction
-// is rolled back and the batch runs again without that op. A database fault
-// (busy, full disk) fails the whole batch: SQLite has usually rolled it back.
-func (s *store) commitBatch(batch []writeOp) []error {
-	results := make([]error, len(batch))
-	skip := make([]bool, len(batch))
-	for {
-		failed, err := s.runBatch(batch, skip, results)
-		switch {
-		case err != nil:
-			for i := range results {
-				if !skip[i] {
-					results[i] = classify(err)
-				}
-			}
-			return results
-		case failed < 0:
-			return results
-		}
-		skip[failed] = true
-	}
-}
-
-// runBatch runs the ops not skipped in one transaction, filling in results.
-// It returns the index of an op that failed after writing (the transaction is
-// then rolled back and nothing stored), or -1 with the commit's error.
-func (s *store) runBatch(batch []writeOp, skip []bool, results []error) (int, error) {
+// commit runs batch in one IMMEDIATE transaction (the write lock is taken at
+// once, waiting up to busy_timeout for another process) and commits it. The
+// batch succeeds or fails as a unit: the first fault rolls it all back. Then it
+// wakes whoever watches the accounts it changed.
+func (s *store) commit(batch []writeOp) error {
 	tx := s.tx
-	// IMMEDIATE takes the write lock now, waiting up to busy_timeout for
-	// another process's writer, instead of failing halfway through.
-	if _, err := tx.Exec("BEGIN IMMEDIATE"); err != nil {
-		return -1, err
+	tx.seq, tx.changed = tx.committed, tx.changed[:0]
+	err := s.checkWAL()
+	if err == nil {
+		_, err = tx.exec("BEGIN IMMEDIATE")
 	}
-	for i, op := range batch {
-		if skip[i] {
-			continue
+	for _, op := range batch {
+		if err == nil {
+			err = op.fn(tx)
 		}
-		tx.wrote = false
-		err := op.fn(tx)
-		results[i] = classify(err)
-		if err == nil || !tx.wrote {
-			continue
-		}
-		tx.Exec("ROLLBACK") // fails harmlessly when SQLite has rolled back already
-		if errors.Is(results[i], errUnavailable) {
-			return -1, err
-		}
-		return i, nil
 	}
-	if _, err := tx.Exec("COMMIT"); err != nil {
-		tx.Exec("ROLLBACK")
-		return -1, err
+	if err == nil && tx.seq != tx.committed {
+		_, err = tx.exec("UPDATE change_counter SET last = ?", tx.seq)
 	}
-	return -1, nil
+	if err == nil {
+		_, err = tx.exec("COMMIT")
+	}
+	if err != nil {
+		tx.exec("ROLLBACK") // fails harmlessly when SQLite has rolled back already
+		return classify(err)
+	}
+	tx.committed = tx.seq
+	s.commits.Add(1)
+	s.ops.Add(int64(len(batch)))
+	s.batches[bits.Len(uint(len(batch)-1))].Add(1)
+	s.watchMu.Lock()
+	defer s.watchMu.Unlock()
+	for _, account := range tx.changed {
+		if ch := s.watchers[account]; ch != nil {
+			close(ch)
+			delete(s.watchers, account)
+		}
+	}
+	return nil
 }
+
+// checkWAL fails, from then on, once the WAL file under the database is gone
+// or is not the one SQLite has open: an acknowledged write would then be lost
+// at the next start.
+func (s *store) checkWAL() error {
+	if info, err := os.Stat(s.path + "-wal"); s.wal != nil && (err != nil || !os.SameFile(info, s.wal)) {
+		s.fault.CompareAndSwap(nil, &apiError{code: "unavailable", message: "the database refuses writes; see the server's log",
+			cause: fmt.Errorf("the WAL file %s-wal was removed or replaced while the server ran: writes are refused, "+
+				"since the next start would lose them. Stop the server with SIGTERM: its checkpoint saves what "+
+				"the old WAL holds into the database", s.path)})
+	}
+	if err := s.fault.Load(); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (s *store) watch(account string) <-chan struct{} {
+	s.watchMu.Lock()
+	defer s.watchMu.Unlock()
+	if s.watchers[account] == nil {
+		s.watchers[account] = make(chan struct{})
+	}
+	return s.watchers[account]
+}
+
+func (s *store) ping(ctx context.Context) error {
+	if err := s.checkWAL(); err != nil {
+		return err
+	}
+	var n int
+	return classify(s.health.QueryRowContext(ctx, `SELECT (SELECT last FROM change_counter) +
+		(SELECT count(*) FROM (SELECT 1 FROM api_keys LIMIT 1)) + (SELECT count(*) FROM (SELECT 1 FROM buttons LIMIT 1)) +
+		(SELECT count(*) FROM (SELECT 1 FROM button_history LIMIT 1)) +
+		(SELECT count(*) FROM (SELECT 1 FROM idempotency_keys LIMIT 1))`).Scan(&n))
+}
+
+func (s *store) stats() (commits, ops int64, batches []int64, size int64) {
+	for i := range s.batches {
+		batches = append(batches, s.batches[i].Load())
+	}
+	if info, err := os.Stat(s.path); err == nil {
+		size = info.Size()
+	}
+	return s.commits.Load(), s.ops.Load(), batches, size
+}
+
+// claimServer makes this process the one server of the database at path
+// until release: another claim, from any process, fails at once. It holds an
+// exclusive SQLite lock on path+"-lock", which the operating system drops
+// when the process ends, however it ends: a crashed server leaves nothing to
+// clean up. keys, backup and check never claim, so they work beside a server.
+func claimServer(path string) (release func() error, err error) {
+	if err := checkDir(path); err != nil {
+		return nil, err
+	}
+	db, _ := sql.Open("sqlite", path+"-lock?_pragma=busy_timeout(0)")
+	conn, err := db.Conn(context.Background())
+	if err == nil {
+		_, err = conn.ExecContext(context.Background(), "BEGIN EXCLUSIVE")
+	}
+	switch {
+	case sqliteCode(err) == sqlite3.SQLITE_BUSY:
+		err = fmt.Errorf("database %q is in use by another server", path)
+	case err != nil:
+		err = fmt.Errorf("database %q: lock file: %w", path, describeOpenError(err))
+	default:
+		return func() error { return errors.Join(conn.Close(), db.Close()) }, nil
+	}
+	db.Close()
+	return nil, err
+}
+
+// --- values as stored ---
+
+const timeLayout = "2006-01-02T15:04:05.000Z07:00" // RFC 3339, UTC, milliseconds
+
+// timestamp is a time as stored and shown: text in timeLayout, NULL and null
+// for the zero time.
+type timestamp struct{ time.Time }
 
 // now is the one clock every stored time comes from.
-func now() time.Time { return time.Now().UTC().Truncate(time.Millisecond) }
+func now() timestamp { return timestamp{time.Now().UTC().Truncate(time.Millisecond)} }
 
-func formatTime(t time.Time) string { return t.UTC().Format(timeLayout) }
+func (t timestamp) String() string { return t.UTC().Format(timeLayout) }
 
-// nullTime stores the zero time as NULL.
-func nullTime(t time.Time) any {
+func (t *timestamp) Scan(v any) (err error) {
+	t.Time = time.Time{}
+	if text, ok := v.(string); ok {
+		t.Time, err = time.Parse(timeLayout, text)
+	} else if v != nil {
+		err = fmt.Errorf("timestamp: cannot read %T", v)
+	}
+	return err
+}
+
+func (t timestamp) Value() (driver.Value, error) {
 	if t.IsZero() {
-		return nil
+		return nil, nil
 	}
-	return formatTime(t)
+	return t.String(), nil
 }
 
-// nullString stores "" as NULL.
-func nullString(v string) any {
-	if v == "" {
-		return nil
+func (t timestamp) MarshalJSON() ([]byte, error) {
+	if t.IsZero() {
+		return []byte("null"), nil
 	}
-	return v
+	return []byte(`"` + t.String() + `"`), nil
 }
 
-// nullInt stores 0 as NULL.
-func nullInt(v int64) any {
-	if v == 0 {
-		return nil
+// metadata is a button's own keys and values, stored as a JSON object, NULL when empty.
+type metadata map[string]string
+
+func (m *metadata) Scan(v any) error {
+	*m = nil
+	if text, ok := v.(string); ok {
+		return json.Unmarshal([]byte(text), m)
 	}
-	return v
+	return nil
 }
 
-// parseTime reads a stored time; NULL is the zero time.
-func parseTime(v sql.NullString) (time.Time, error) {
-	if !v.Valid {
-		return time.Time{}, nil
+func (m metadata) Value() (driver.Value, error) {
+	if len(m) == 0 {
+		return nil, nil
 	}
-	return time.Parse(timeLayout, v.String)
-}
-
-// ping reads a table, so that it fails when the file does, not only the connection.
-func (s *store) ping(ctx context.Context) error {
-	var n int
-	return s.queryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM api_keys LIMIT 1)`).Scan(&n)
+	text, err := json.Marshal(m)
+	return string(text), err
 }
 
 // --- keys ---
 
-// createKey mints a key for account and returns the secret, shown once, and the
-// key's id. Only the secret's SHA-256 is stored.
-func (s *store) createKey(ctx context.Context, account string) (secret, id string, err error) {
+// createKey mints a key for account and returns the secret, shown once, and
+// the key's id.
+func (s *store) createKey(ctx context.Context, account string, readOnly bool) (secret, id string, err error) {
 	raw := make([]byte, 32)
 	rand.Read(raw)
-	secret = "pbk_" + base64.RawURLEncoding.EncodeToString(raw)
-	id = "key_" + randomCrockford(16)
+	secret, id = "pbk_"+base64.RawURLEncoding.EncodeToString(raw), "key_"+rand.Text()[:16] // 80 bits: unique, not secret
 	hash := sha256.Sum256([]byte(secret))
-	err = s.write(ctx, func(tx *writeTx) error {
-		_, err := tx.Exec(
-			`INSERT INTO api_keys (id, account, secret_hash, created_at) VALUES (?, ?, ?, ?)`,
-			id, account, hash[:], formatTime(now()))
+	return secret, id, s.write(ctx, func(tx *writeTx) error {
+		_, err := tx.exec(`INSERT INTO api_keys (id, account, secret_hash, created_at, read_only) VALUES (?, ?, ?, ?, ?)`,
+			id, account, hash[:], now(), readOnly)
 		return err
 	})
-	if err != nil {
-		return "", "", err
-	}
-	return secret, id, nil
 }
 
-// countKeys returns how many keys exist, revoked ones included.
-func (s *store) countKeys(ctx context.Context) (int, error) {
-	var n int
-	err := s.queryRow(ctx, `SELECT count(*) FROM api_keys`).Scan(&n)
-	return n, classify(err)
-}
-
-// listKeys returns every key, oldest first.
+// listKeys returns every key, revoked ones too, oldest first.
 func (s *store) listKeys(ctx context.Context) ([]apiKey, error) {
-	rows, err := s.query(ctx,
-		`SELECT id, account, created_at, last_used_at, revoked_at FROM api_keys ORDER BY created_at, id`)
+	rows, err := s.reads.query(ctx,
+		`SELECT id, account, read_only, created_at, last_used_at, revoked_at FROM api_keys ORDER BY created_at, id`)
 	if err != nil {
 		return nil, classify(err)
 	}
@@ -652,17 +772,7 @@ func (s *store) listKeys(ctx context.Context) ([]apiKey, error) {
 	var keys []apiKey
 	for rows.Next() {
 		var k apiKey
-		var created, lastUsed, revoked sql.NullString
-		if err := rows.Scan(&k.ID, &k.Account, &created, &lastUsed, &revoked); err != nil {
-			return nil, err
-		}
-		if k.CreatedAt, err = parseTime(created); err != nil {
-			return nil, err
-		}
-		if k.LastUsedAt, err = parseTime(lastUsed); err != nil {
-			return nil, err
-		}
-		if k.RevokedAt, err = parseTime(revoked); err != nil {
+		if err := rows.Scan(&k.ID, &k.Account, &k.ReadOnly, &k.CreatedAt, &k.LastUsedAt, &k.RevokedAt); err != nil {
 			return nil, err
 		}
 		keys = append(keys, k)
@@ -670,130 +780,92 @@ func (s *store) listKeys(ctx context.Context) ([]apiKey, error) {
 	return keys, rows.Err()
 }
 
-// revokeKey revokes the key with id; it returns errNotFound for an unknown id.
-// Revoking a revoked key changes nothing and is not an error.
+// revokeKey revokes the key with id, or returns errNotFound. Revoking a
+// revoked key changes nothing and is not an error.
 func (s *store) revokeKey(ctx context.Context, id string) error {
-	return s.write(ctx, func(tx *writeTx) error {
-		res, err := tx.Exec(
-			`UPDATE api_keys SET revoked_at = coalesce(revoked_at, ?) WHERE id = ?`,
-			formatTime(now()), id)
-		if err != nil {
-			return err
+	var found int64
+	err := s.write(ctx, func(tx *writeTx) error {
+		res, err := tx.exec(`UPDATE api_keys SET revoked_at = coalesce(revoked_at, ?) WHERE id = ?`, now(), id)
+		if err == nil {
+			found, err = res.RowsAffected()
 		}
-		if n, _ := res.RowsAffected(); n == 0 {
-			return errNotFound
-		}
-		return nil
+		return err
 	})
+	if err == nil && found == 0 {
+		return errNotFound
+	}
+	return err
 }
 
-// authenticate returns the live key whose secret this is. Unknown and revoked
-// keys are both errUnknownKey. It reads the database every time, so a revoke
-// from another process takes effect on the very next request.
+// authenticate treats unknown and revoked keys alike. It reads the database
+// every time, so that a revoke from another process stops the very next request.
 func (s *store) authenticate(ctx context.Context, secret string) (apiKey, error) {
 	hash := sha256.Sum256([]byte(secret))
 	var k apiKey
-	err := s.queryRow(ctx,
-		`SELECT id, account FROM api_keys WHERE secret_hash = ? AND revoked_at IS NULL`,
-		hash[:]).Scan(&k.ID, &k.Account)
+	err := s.reads.queryRow(ctx, `SELECT id, account, read_only FROM api_keys WHERE secret_hash = ? AND revoked_at IS NULL`,
+		hash[:]).Scan(&k.ID, &k.Account, &k.ReadOnly)
 	if errors.Is(err, sql.ErrNoRows) {
 		return apiKey{}, errUnknownKey
 	}
-	if err != nil {
-		return apiKey{}, classify(err)
+	if err == nil {
+		s.noteKeyUsed(k.ID)
 	}
-	s.noteKeyUsed(k.ID)
-	return k, nil
+	return k, classify(err)
 }
 
 // noteKeyUsed records a key's last use at most once a minute, in the
 // background, so that reads do not each cost a write.
 func (s *store) noteKeyUsed(id string) {
 	t := now()
-	s.lastUsedMu.Lock()
-	fresh := t.Sub(s.lastUsedSaved[id]) < time.Minute
-	if !fresh {
-		s.lastUsedSaved[id] = t
-	}
-	s.lastUsedMu.Unlock()
-	if fresh {
+	if saved, ok := s.lastUsedSaved.Load(id); ok && t.Sub(saved.(time.Time)) < time.Minute {
 		return
 	}
+	s.lastUsedSaved.Store(id, t.Time)
 	go s.write(context.Background(), func(tx *writeTx) error {
-		_, err := tx.Exec(`UPDATE api_keys SET last_used_at = ? WHERE id = ?`, formatTime(t), id)
+		_, err := tx.exec(`UPDATE api_keys SET last_used_at = ? WHERE id = ?`, t, id)
 		return err
 	})
 }
 
 // --- buttons ---
 
-// buttonFields are the columns a button and each of its history entries share.
-const buttonFields = `product_name, description, amount_minor, currency, billing_interval,
-	payment_method, payment_type, is_live, fee_basis_points,
-	state, version, created_at, updated_at, deleted_at`
+// buttonFields are the columns a button row and a history row share, in the
+// order of fieldValues; fieldPlaceholders write "" and 0 as NULL.
+const (
+	buttonFields = `product_name, description, amount_minor, currency, billing_interval, payment_method,
+	payment_type, is_live, fee_basis_points, metadata, state, version, created_at, updated_at, deleted_at`
+	fieldPlaceholders = `?, nullif(?, ''), ?, ?, nullif(?, ''), ?, ?, ?, nullif(?, 0), ?, ?, ?, ?, ?, ?`
+)
 
-const buttonColumns = `id, account, ` + buttonFields
+// selectFields reads buttonFields back with NULL as the zero value;
+// selectButton reads a whole button row, in scanButton's order.
+const (
+	selectFields = `product_name, coalesce(description, ''), amount_minor, currency, coalesce(billing_interval, ''),
+	payment_method, payment_type, is_live, coalesce(fee_basis_points, 0), metadata, state, version,
+	created_at, updated_at, deleted_at`
+	selectButton = `id, account, ` + selectFields + `, change_seq`
+)
 
-// scanButton reads one row selected with buttonColumns, then into extra any
-// columns selected after them.
-func scanButton(row rowScanner, extra ...any) (button, error) {
+func fieldValues(b button) []any {
+	return []any{b.ProductName, b.Description, b.AmountMinor, b.Currency, b.BillingInterval, b.PaymentMethod,
+		b.PaymentType, b.IsLive, b.FeeBasisPoints, b.Metadata, b.State, b.Version, b.CreatedAt, b.UpdatedAt, b.DeletedAt}
+}
+
+// scanButton reads a row of selectButton, then into extra any columns
+// selected after it. No row is errNotFound.
+func scanButton(row interface{ Scan(...any) error }, extra ...any) (button, error) {
 	var b button
-	var description, interval, created, updated, deleted sql.NullString
-	var fee sql.NullInt64
-	err := row.Scan(append([]any{&b.ID, &b.Account, &b.ProductName, &description, &b.AmountMinor, &b.Currency,
-		&interval, &b.PaymentMethod, &b.PaymentType, &b.IsLive, &fee,
-		&b.State, &b.Version, &created, &updated, &deleted}, extra...)...)
+	err := row.Scan(append([]any{&b.ID, &b.Account, &b.ProductName, &b.Description, &b.AmountMinor, &b.Currency,
+		&b.BillingInterval, &b.PaymentMethod, &b.PaymentType, &b.IsLive, &b.FeeBasisPoints, &b.Metadata,
+		&b.State, &b.Version, &b.CreatedAt, &b.UpdatedAt, &b.DeletedAt, &b.ChangeSeq}, extra...)...)
 	if errors.Is(err, sql.ErrNoRows) {
 		return button{}, errNotFound
 	}
-	if err != nil {
-		return button{}, classify(err)
-	}
-	b.Description, b.BillingInterval, b.FeeBasisPoints = description.String, interval.String, fee.Int64
-	if b.CreatedAt, err = parseTime(created); err != nil {
-		return button{}, err
-	}
-	if b.UpdatedAt, err = parseTime(updated); err != nil {
-		return button{}, err
-	}
-	if b.DeletedAt, err = parseTime(deleted); err != nil {
-		return button{}, err
-	}
-	return b, nil
+	return b, err
 }
 
-// listQuery is the SQL and arguments that select a page of account's buttons,
-// newest first. Ids grow with time, so "id < after" is a cursor that neither
-// skips nor repeats a button while others are being created.
-func listQuery(account string, f listFilter) (string, []any) {
-	where, args := []string{"account = ?"}, []any{account}
-	if f.After != "" {
-		where, args = append(where, "id < ?"), append(args, f.After)
-	}
-	if f.State != "" {
-		where, args = append(where, "state = ?"), append(args, f.State)
-	}
-	if f.IsLive != nil {
-		where, args = append(where, "is_live = ?"), append(args, *f.IsLive)
-	}
-	if f.PaymentMethod != "" {
-		where, args = append(where, "payment_method = ?"), append(args, f.PaymentMethod)
-	}
-	// Without statistics SQLite would walk the primary key and test each row's
-	// state; with the index, a page of a rare state costs one page of reads.
-	table := "buttons"
-	if f.State != "" {
-		table = "buttons INDEXED BY buttons_by_state"
-	}
-	return `SELECT ` + buttonColumns + ` FROM ` + table + `
-		WHERE ` + strings.Join(where, " AND ") + `
-		ORDER BY id DESC LIMIT ?`, append(args, f.Limit)
-}
-
-// listButtons returns up to f.Limit of account's buttons that pass f, newest first.
-func (s *store) listButtons(ctx context.Context, account string, f listFilter) ([]button, error) {
-	query, args := listQuery(account, f)
-	rows, err := s.query(ctx, query, args...)
+// scanButtons reads every row of selectButton.
+func scanButtons(rows *sql.Rows, err error) ([]button, error) {
 	if err != nil {
 		return nil, classify(err)
 	}
@@ -802,381 +874,360 @@ func (s *store) listButtons(ctx context.Context, account string, f listFilter) (
 	for rows.Next() {
 		b, err := scanButton(rows)
 		if err != nil {
-			return nil, err
+			return nil, classify(err)
 		}
 		buttons = append(buttons, b)
 	}
 	return buttons, classify(rows.Err())
 }
 
-// buttonHistory returns every change made to account's button id, oldest
-// first, each with the button as the change left it, or errNotFound.
-func (s *store) buttonHistory(ctx context.Context, account, id string) ([]historyEntry, error) {
-	if !validButtonID(id) {
-		return nil, errNotFound
-	}
-	// One read transaction: the button and its changes as of one moment.
-	tx, err := s.reader.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
-	if err != nil {
-		return nil, classify(err)
-	}
-	defer tx.Rollback()
-	created := historyEntry{Action: "create"}
-	current, err := scanButton(tx.QueryRowContext(ctx, `SELECT `+buttonColumns+`, created_key_id, created_request_id
-		FROM buttons WHERE account = ? AND id = ?`, account, id), &created.KeyID, &created.RequestID)
-	if err != nil {
-		return nil, err
-	}
-	created.At = current.CreatedAt
-	rows, err := tx.QueryContext(ctx, `SELECT button_id, account, `+buttonFields+`, action, key_id, request_id, changed_at
-		FROM button_history WHERE button_id = ? AND account = ? ORDER BY change_version`, id, account)
-	if err != nil {
-		return nil, classify(err)
-	}
-	defer rows.Close()
-	entries := []historyEntry{created}
-	for rows.Next() {
-		var change historyEntry
-		var at sql.NullString
-		before, err := scanButton(rows, &change.Action, &change.KeyID, &change.RequestID, &at)
-		if err != nil {
-			return nil, err
-		}
-		if change.At, err = parseTime(at); err != nil {
-			return nil, err
-		}
-		entries[len(entries)-1].Button = before // what the previous change left
-		entries = append(entries, change)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, classify(err)
-	}
-	entries[len(entries)-1].Button = current
-	return entries, nil
-}
-
-// fieldValues are b's values in the order of buttonFields.
-func fieldValues(b button) []any {
-	return []any{b.ProductName, nullString(b.Description), b.AmountMinor, b.Currency,
-		nullString(b.BillingInterval), b.PaymentMethod, b.PaymentType, b.IsLive, nullInt(b.FeeBasisPoints),
-		b.State, b.Version, formatTime(b.CreatedAt), formatTime(b.UpdatedAt), nullTime(b.DeletedAt)}
-}
-
-// recordChange writes a change to the button, with the button as it was
-// before it, into its history, inside the transaction that makes the change,
-// so a change never lands without its entry.
-func recordChange(tx *writeTx, who actor, action string, before button, at time.Time) error {
-	_, err := tx.Exec(`INSERT INTO button_history
-			(button_id, change_version, action, key_id, request_id, changed_at, account, `+buttonFields+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		append([]any{before.ID, before.Version + 1, action, who.KeyID, who.RequestID, formatTime(at), before.Account},
-			fieldValues(before)...)...)
-	return err
-}
-
-// getButtonWithKey authenticates secret as authenticate does and returns the
-// key with its account's button id, in one query when the button is there:
-// get is the hottest path, and a separate key query costs as much as the read.
-// The button is zero when the account has none with that id; the error is
-// errUnknownKey or a fault.
+// getButtonWithKey checks the key in the query that reads the button: get is
+// the hottest path, and a key query of its own costs as much as the read.
 func (s *store) getButtonWithKey(ctx context.Context, secret, id string) (apiKey, button, error) {
 	if validButtonID(id) {
 		hash := sha256.Sum256([]byte(secret))
 		var k apiKey
-		b, err := scanButton(s.queryRow(ctx, `SELECT `+buttonColumns+`, key_id, key_account
-			FROM (SELECT id AS key_id, account AS key_account FROM api_keys
-				WHERE secret_hash = ? AND revoked_at IS NULL)
+		b, err := scanButton(s.reads.queryRow(ctx, `SELECT `+selectButton+`, key_id, key_account
+			FROM (SELECT id AS key_id, account AS key_account FROM api_keys WHERE secret_hash = ? AND revoked_at IS NULL)
 			JOIN buttons ON account = key_account AND id = ?`, hash[:], id), &k.ID, &k.Account)
 		if err == nil {
 			s.noteKeyUsed(k.ID)
 		}
-		if !errors.Is(err, errNotFound) {
-			return k, b, err
+		if err != errNotFound {
+			return k, b, classify(err)
 		}
 	}
-	// No row: an unknown key, or no such button.
-	k, err := s.authenticate(ctx, secret)
+	k, err := s.authenticate(ctx, secret) // no row: an unknown key, or no such button
 	return k, button{}, err
 }
 
-// createButton stores b as a new active button of the actor's account and
-// returns it with its id, version and times filled in.
-func (s *store) createButton(ctx context.Context, who actor, b button) (button, error) {
-	b.ID = s.ids.next()
-	b.Account = who.Account
-	b.State = stateActive
-	b.Version = 1
-	_, err := s.writeRecorded(ctx, who, func(tx *writeTx) (string, error) {
-		b.CreatedAt = now()
-		b.UpdatedAt = b.CreatedAt
-		_, err := tx.Exec(`INSERT INTO buttons (`+buttonColumns+`, created_key_id, created_request_id)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-			append(append([]any{b.ID, b.Account}, fieldValues(b)...), who.KeyID, who.RequestID)...)
-		return b.ID, err
-	})
-	if err != nil {
-		return button{}, err
+// listButtons pages through account's buttons by id, newest first: ids grow
+// with time, so "id < after" is a cursor that neither skips nor repeats a
+// button while others are being created. A filter that no index serves
+// (isLive, paymentMethod, metadata) examines at most maxScan rows: the page
+// may then hold fewer than f.Limit buttons, and scanEnd is where the next starts.
+func (s *store) listButtons(ctx context.Context, account string, f listFilter) ([]button, string, error) {
+	where, args := "account = ?", []any{account}
+	if f.After != "" {
+		where, args = where+" AND id < ?", append(args, f.After)
 	}
-	return b, nil
+	// Without statistics SQLite would walk the primary key and test each row's
+	// state; with the index, a page of a rare state costs one page of reads.
+	table := "buttons"
+	if f.State != "" {
+		table, where, args = "buttons INDEXED BY buttons_by_state", where+" AND state = ?", append(args, f.State)
+	}
+	var scanEnd string
+	if f.IsLive != nil || f.PaymentMethod != "" || len(f.Metadata) > 0 {
+		err := s.reads.queryRow(ctx, `SELECT id FROM `+table+` WHERE `+where+` ORDER BY id DESC LIMIT 1 OFFSET ?`,
+			append(args, maxScan-1)...).Scan(&scanEnd)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return nil, "", classify(err)
+		}
+		if scanEnd != "" {
+			where, args = where+" AND id >= ?", append(args, scanEnd)
+		}
+	}
+	if f.IsLive != nil {
+		where, args = where+" AND is_live = ?", append(args, *f.IsLive)
+	}
+	if f.PaymentMethod != "" {
+		where, args = where+" AND payment_method = ?", append(args, f.PaymentMethod)
+	}
+	for key, value := range f.Metadata {
+		where, args = where+" AND metadata ->> ? = ?", append(args, `$."`+key+`"`, value)
+	}
+	buttons, err := scanButtons(s.reads.query(ctx, `SELECT `+selectButton+` FROM `+table+
+		` WHERE `+where+` ORDER BY id DESC LIMIT ?`, append(args, f.Limit)...))
+	if len(buttons) == f.Limit {
+		scanEnd = "" // the page is full before the scan's end
+	}
+	return buttons, scanEnd, err
 }
 
-// updateButton reads the actor's button, lets change edit it, and stores the
-// result as the next version. ifMatch, when not 0, is the version the caller
-// last saw. It returns errNotFound, errPreconditionFailed, a *stateError for a
-// deleted button, or change's own error; on any error nothing is changed.
-func (s *store) updateButton(ctx context.Context, who actor, id string, ifMatch int64, change func(*button) error) (button, error) {
+func (s *store) buttonHistory(ctx context.Context, account, id string, after, limit int64) ([]historyEntry, int64, error) {
+	if !validButtonID(id) {
+		return nil, 0, errNotFound
+	}
+	// One read transaction: the button and its changes as of one moment.
+	tx, err := s.reader.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, 0, classify(err)
+	}
+	defer tx.Rollback()
+	created := historyEntry{Version: 1, Action: "create"}
+	current, err := scanButton(tx.QueryRowContext(ctx, `SELECT `+selectButton+`, created_key_id, created_request_id
+		FROM buttons WHERE account = ? AND id = ?`, account, id), &created.KeyID, &created.RequestID)
+	if err != nil {
+		return nil, 0, classify(err)
+	}
+	created.At = current.CreatedAt
+	// Row v holds the button as it was before change v, so the changes of the
+	// page and the state after its last one take rows after+1 to after+limit+1.
+	rows, err := tx.QueryContext(ctx, `SELECT button_id, account, `+selectFields+`, 0,
+			change_version, action, key_id, request_id, changed_at
+		FROM button_history WHERE button_id = ? AND account = ? AND change_version BETWEEN ? AND ?`,
+		id, account, after+1, after+limit+1)
+	if err != nil {
+		return nil, 0, classify(err)
+	}
+	defer rows.Close()
+	byVersion := map[int64]historyEntry{1: created}
+	for rows.Next() {
+		var e historyEntry
+		if e.Before, err = scanButton(rows, &e.Version, &e.Action, &e.KeyID, &e.RequestID, &e.At); err != nil {
+			return nil, 0, classify(err)
+		}
+		byVersion[e.Version] = e
+	}
+	var page []historyEntry
+	for v := after + 1; v <= min(after+limit, current.Version); v++ {
+		e := byVersion[v]
+		if e.After = byVersion[v+1].Before; v == current.Version {
+			e.After = current
+		}
+		page = append(page, e)
+	}
+	return page, current.Version, classify(rows.Err())
+}
+
+func (s *store) changes(ctx context.Context, account string, since, limit int64) ([]button, error) {
+	return scanButtons(s.reads.query(ctx, `SELECT `+selectButton+` FROM buttons INDEXED BY buttons_by_change
+		WHERE account = ? AND change_seq > ? ORDER BY change_seq LIMIT ?`, account, since, limit))
+}
+
+// createButton stores b as a new active button of the actor's account.
+func (s *store) createButton(ctx context.Context, who actor, b button) (outcome, error) {
+	b.ID, b.Account, b.State, b.Version = s.ids.next(), who.Account, stateActive, 1
+	return s.writeAnswered(ctx, who, func(tx *writeTx) (outcome, error) {
+		b.CreatedAt = now()
+		b.UpdatedAt = b.CreatedAt
+		_, err := tx.exec(`INSERT INTO buttons (id, account, `+buttonFields+`, created_key_id, created_request_id, change_seq)
+			VALUES (?, ?, `+fieldPlaceholders+`, ?, ?, ?)`,
+			append(append([]any{b.ID, b.Account}, fieldValues(b)...), who.KeyID, who.RequestID, tx.nextChange(b.Account))...)
+		return outcome{ID: b.ID, Changed: true}, err
+	})
+}
+
+// updateButton lets change edit the actor's active button, or returns
+// errNotFound, errPreconditionFailed, wrong_state, or change's own error.
+func (s *store) updateButton(ctx context.Context, who actor, id string, ifMatch int64, change func(*button) error) (outcome, error) {
 	return s.modifyButton(ctx, who, id, ifMatch, "update", func(b *button) error {
 		if b.State != stateActive {
-			return &stateError{"button is deleted; restore it first"}
+			return wrongState("button is deleted; restore it first")
 		}
 		return change(b)
 	})
 }
 
-// deleteButton soft-deletes the actor's button: the row stays, marked deleted.
-// It returns errNotFound, errPreconditionFailed, or a *stateError if the
-// button is already deleted.
-func (s *store) deleteButton(ctx context.Context, who actor, id string, ifMatch int64) (button, error) {
-	return s.modifyButton(ctx, who, id, ifMatch, "delete", func(b *button) error {
-		if b.State != stateActive {
-			return &stateError{"button is already deleted"}
+// setState deletes the actor's button (to deleted: the row stays, marked) or
+// restores it (to active).
+func (s *store) setState(ctx context.Context, who actor, id string, ifMatch int64, to string) (outcome, error) {
+	action, already := "delete", "button is already deleted"
+	if to == stateActive {
+		action, already = "restore", "button is not deleted"
+	}
+	return s.modifyButton(ctx, who, id, ifMatch, action, func(b *button) error {
+		if b.State == to {
+			return wrongState(already)
 		}
-		b.State = stateDeleted
-		b.DeletedAt = now()
-		return nil
-	})
-}
-
-// restoreButton makes a deleted button of the actor's active again. It returns
-// errNotFound, errPreconditionFailed, or a *stateError if it is not deleted.
-func (s *store) restoreButton(ctx context.Context, who actor, id string, ifMatch int64) (button, error) {
-	return s.modifyButton(ctx, who, id, ifMatch, "restore", func(b *button) error {
-		if b.State != stateDeleted {
-			return &stateError{"button is not deleted"}
+		b.State, b.DeletedAt = to, timestamp{}
+		if to == stateDeleted {
+			b.DeletedAt = now()
 		}
-		b.State = stateActive
-		b.DeletedAt = time.Time{}
 		return nil
 	})
 }
 
 // modifyButton is the one read-check-write path behind update, delete and
 // restore: inside the writer's transaction it reads the row, checks ifMatch,
-// applies change, writes every column back with the version bumped and
-// records the history entry.
-func (s *store) modifyButton(ctx context.Context, who actor, id string, ifMatch int64, action string, change func(*button) error) (button, error) {
+// applies change (refusals in that order: 404, 412, change's own) and, unless
+// the change left every value as it was, writes the button back as the next
+// version with the next changeSeq, and the button as it was into its history.
+func (s *store) modifyButton(ctx context.Context, who actor, id string, ifMatch int64, action string,
+	change func(*button) error) (outcome, error) {
 	if !validButtonID(id) {
-		return button{}, s.reject(ctx, who, errNotFound) // no write unless an Idempotency-Key keeps the 404
+		return outcome{}, s.reject(ctx, who, errNotFound) // no write unless an Idempotency-Key keeps the 404
 	}
-	var b button
-	_, err := s.writeRecorded(ctx, who, func(tx *writeTx) (string, error) {
-		var err error
-		b, err = scanButton(tx.QueryRow(
-			`SELECT `+buttonColumns+` FROM buttons WHERE account = ? AND id = ?`, who.Account, id))
+	return s.writeAnswered(ctx, who, func(tx *writeTx) (outcome, error) {
+		b, err := scanButton(tx.queryRow(`SELECT `+selectButton+` FROM buttons WHERE account = ? AND id = ?`, who.Account, id))
 		if err != nil {
-			return id, err
+			return outcome{}, err
 		}
 		if ifMatch != 0 && ifMatch != b.Version {
-			return id, errPreconditionFailed
+			return outcome{}, errPreconditionFailed
 		}
 		before := b
-		if err := change(&b); err != nil {
-			return id, err
+		if err := change(&b); err != nil || b.sameAs(before) {
+			return outcome{ID: id}, err
 		}
 		b.Version++
 		b.UpdatedAt = now()
-		_, err = tx.Exec(`UPDATE buttons SET
-				product_name = ?,
-				description = ?,
-				amount_minor = ?,
-				currency = ?,
-				fee_basis_points = ?,
-				state = ?,
-				version = ?,
-				updated_at = ?,
-				deleted_at = ?
+		_, err = tx.exec(`UPDATE buttons SET product_name = ?, description = nullif(?, ''), amount_minor = ?,
+				currency = ?, fee_basis_points = nullif(?, 0), metadata = ?, state = ?, version = ?,
+				updated_at = ?, deleted_at = ?, change_seq = ?
 			WHERE account = ? AND id = ?`,
-			b.ProductName, nullString(b.Description), b.AmountMinor, b.Currency, nullInt(b.FeeBasisPoints),
-			b.State, b.Version, formatTime(b.UpdatedAt), nullTime(b.DeletedAt),
-			who.Account, id)
-		if err != nil {
-			return id, err
+			b.ProductName, b.Description, b.AmountMinor, b.Currency, b.FeeBasisPoints, b.Metadata, b.State,
+			b.Version, b.UpdatedAt, b.DeletedAt, tx.nextChange(who.Account), who.Account, id)
+		if err == nil {
+			_, err = tx.exec(`INSERT INTO button_history
+					(button_id, change_version, action, key_id, request_id, changed_at, account, `+buttonFields+`)
+				VALUES (?, ?, ?, ?, ?, ?, ?, `+fieldPlaceholders+`)`,
+				append([]any{id, b.Version, action, who.KeyID, who.RequestID, b.UpdatedAt, who.Account},
+					fieldValues(before)...)...)
 		}
-		return id, recordChange(tx, who, action, before, b.UpdatedAt)
+		return outcome{ID: id, Changed: true}, err
 	})
-	if err != nil {
-		return button{}, err
-	}
-	return b, nil
 }
 
 // --- idempotency keys ---
 
-// writeRecorded runs change in the writer's next transaction. When who carries
-// an Idempotency-Key, the answer to change's outcome is stored under it in the
-// same transaction, so a crash can keep neither the change without its answer
-// nor the answer without its change. It returns change's id and error.
-func (s *store) writeRecorded(ctx context.Context, who actor, change func(tx *writeTx) (string, error)) (string, error) {
-	var id string
-	var outcome error
+// writeAnswered runs change in the writer's next transaction. change returns
+// its outcome, an *apiError outcome (nothing written), or a fault. When who
+// carries an Idempotency-Key, the answer to the outcome is stored in the same
+// transaction, so a crash keeps neither the change without its answer nor the
+// answer without its change. It returns the outcome, or the batch's fault.
+func (s *store) writeAnswered(ctx context.Context, who actor, change func(tx *writeTx) (outcome, error)) (outcome, error) {
+	var out outcome
+	var refusal error
+	key := who.Idempotency
 	err := s.write(ctx, func(tx *writeTx) error {
-		id, outcome = change(tx)
-		// A change that failed after writing is undone with the whole op, and
-		// a database fault is never replayed: a retry runs afresh.
-		if who.Idempotency == nil || (outcome != nil && tx.wrote) || sqliteCode(outcome) != 0 {
-			return outcome
+		var err error
+		var expected *apiError
+		if out, err = change(tx); err != nil && !errors.As(err, &expected) {
+			return err
 		}
-		status, body, keep := who.Idempotency.Answer(id, outcome)
-		if !keep {
-			return outcome
+		if refusal = err; key == nil {
+			return nil
 		}
-		_, err := tx.Exec(`INSERT OR REPLACE INTO idempotency_keys
-			(account, key, fingerprint, status, body, created_at) VALUES (?, ?, ?, ?, ?, ?)`,
-			who.Account, who.Idempotency.Key, who.Idempotency.Fingerprint, status, body, formatTime(now()))
+		key.Answer = key.Render(out, refusal)
+		_, err = tx.exec(`INSERT OR REPLACE INTO idempotency_keys (account, key, fingerprint, status, body, created_at)
+			VALUES (?, ?, ?, ?, ?, ?)`, who.Account, key.Key, key.Fingerprint, key.Answer.Status, key.Answer.Body, now())
 		return err
 	})
 	if err != nil {
-		return id, err
+		if key != nil {
+			key.Answer = storedResponse{} // rendered, but rolled back with the batch
+		}
+		return outcome{}, err
 	}
-	return id, outcome
+	return out, refusal
 }
 
-// reject keeps the answer to a request refused before it reached any button (a
-// body that breaks a rule) when the request carries an Idempotency-Key. It
-// returns refusal, or the error that kept the answer from being stored.
 func (s *store) reject(ctx context.Context, who actor, refusal error) error {
 	if who.Idempotency == nil {
 		return refusal
 	}
-	_, err := s.writeRecorded(ctx, who, func(*writeTx) (string, error) { return "", refusal })
+	_, err := s.writeAnswered(ctx, who, func(*writeTx) (outcome, error) { return outcome{}, refusal })
 	return err
 }
 
-// findResponse returns the answer kept for account's Idempotency-Key, or
-// errNotFound if there is none younger than idempotencyTTL.
+// findResponse ignores answers older than idempotencyTTL.
 func (s *store) findResponse(ctx context.Context, account, key string) (storedResponse, error) {
 	var r storedResponse
-	err := s.queryRow(ctx, `SELECT fingerprint, status, body FROM idempotency_keys
+	err := s.reads.queryRow(ctx, `SELECT fingerprint, status, body FROM idempotency_keys
 		WHERE account = ? AND key = ? AND created_at > ?`,
-		account, key, formatTime(now().Add(-idempotencyTTL))).Scan(&r.Fingerprint, &r.Status, &r.Body)
+		account, key, timestamp{now().Add(-idempotencyTTL)}).Scan(&r.Fingerprint, &r.Status, &r.Body)
 	if errors.Is(err, sql.ErrNoRows) {
 		return storedResponse{}, errNotFound
 	}
 	return r, classify(err)
 }
 
-// purgeExpired deletes answers older than idempotencyTTL, 500 to a
-// transaction, so the writer is never held up for long. It returns how many
-// it deleted.
-func (s *store) purgeExpired(ctx context.Context) (int64, error) {
-	cutoff := formatTime(now().Add(-idempotencyTTL))
-	var total int64
-	for {
-		var n int64
-		err := s.write(ctx, func(tx *writeTx) error {
-			res, err := tx.Exec(`DELETE FROM idempotency_keys WHERE (account, key) IN
-				(SELECT account, key FROM idempotency_keys WHERE created_at <= ? LIMIT 500)`, cutoff)
-			if err != nil {
-				return err
-			}
-			n, err = res.RowsAffected()
-			return err
-		})
-		total += n
-		if err != nil || n < 500 {
-			return total, err
-		}
+// purgeExpired deletes up to limit answers older than idempotencyTTL and
+// returns how many; the limit keeps it from holding the writer for long.
+func purgeExpired(tx *writeTx, limit int) (int64, error) {
+	res, err := tx.exec(`DELETE FROM idempotency_keys WHERE (account, key) IN
+		(SELECT account, key FROM idempotency_keys WHERE created_at <= ? LIMIT ?)`, timestamp{now().Add(-idempotencyTTL)}, limit)
+	if err != nil {
+		return 0, err
 	}
+	return res.RowsAffected()
 }
 
-// runPurger purges expired answers every interval until the store closes. A
-// failed purge is simply tried again at the next tick.
-func (s *store) runPurger(interval time.Duration) {
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-s.quit:
-			return
-		case <-tick.C:
-			s.purgeExpired(context.Background())
-		}
-	}
-}
+// --- backup and check, beside a running server ---
 
-// --- backup ---
+// openOwn opens the paybuttons database at path without migrating it.
+func openOwn(ctx context.Context, path string) (*sql.DB, error) {
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("no database at %q", path)
+	}
+	db, _ := sql.Open("sqlite", path+"?_pragma=busy_timeout(5000)")
+	var owner, version int
+	err := db.QueryRowContext(ctx, `SELECT (SELECT application_id FROM pragma_application_id),
+		(SELECT user_version FROM pragma_user_version)`).Scan(&owner, &version)
+	if err == nil && owner != applicationID && !(owner == 0 && version > 0) {
+		err = errors.New("is not a paybuttons database")
+	}
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("database %q: %w", path, describeOpenError(err))
+	}
+	return db, nil
+}
 
 // backup writes a consistent copy of the database at src to dest while
-// servers keep writing to it. It refuses to overwrite dest, and fails if src
-// is not a paybuttons database.
+// servers keep writing to it. It refuses to overwrite dest, and writes the
+// copy beside it under a temporary name first, so that a backup killed
+// halfway leaves nothing at dest.
 func backup(ctx context.Context, src, dest string) error {
-	if _, err := os.Stat(src); err != nil {
-		return fmt.Errorf("no database at %q", src)
-	}
 	if _, err := os.Lstat(dest); err == nil {
 		return fmt.Errorf("%q already exists; not overwriting it", dest)
 	}
-	// A plain connection: backup must not migrate a database a server is using.
-	db, err := sql.Open("sqlite", src+"?_pragma=busy_timeout(5000)")
+	db, err := openOwn(ctx, src)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	var version int
-	if err := db.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
-		return fmt.Errorf("database %q: %w", src, describeOpenError(err))
-	}
-	if version == 0 {
-		return fmt.Errorf("database %q is not a paybuttons database", src)
-	}
-	if _, err := db.ExecContext(ctx, "VACUUM INTO ?", dest); err != nil {
+	partial := dest + ".partial"
+	os.Remove(partial) // what a killed backup left
+	os.Remove(partial + "-journal")
+	if _, err := db.ExecContext(ctx, "VACUUM INTO ?", partial); err != nil {
 		return fmt.Errorf("backup to %q: %w", dest, err)
 	}
-	return nil
+	return os.Rename(partial, dest)
 }
 
-// --- ids ---
+// integrityCheck returns what PRAGMA integrity_check says of the database at
+// path: "ok", or a line for each problem found.
+func integrityCheck(ctx context.Context, path string) (string, error) {
+	db, err := openOwn(ctx, path)
+	if err != nil {
+		return "", err
+	}
+	defer db.Close()
+	var report string
+	err = db.QueryRowContext(ctx, "SELECT group_concat(integrity_check, char(10)) FROM pragma_integrity_check").Scan(&report)
+	return report, describeOpenError(err)
+}
+
+// --- button ids ---
 
 const crockford = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 // idGenerator makes button ids: "btn_" and 26 Crockford base32 characters
-// holding 48 bits of Unix milliseconds then 80 random bits. Within one
+// holding 48 bits of Unix milliseconds then 80 random bits (a ULID). Within one
 // millisecond the random part counts up, so the ids one process makes are
 // strictly increasing and a list cursor never misses a button made after it.
 type idGenerator struct {
 	mu     sync.Mutex
-	lastMs uint64
-	last   [10]byte
+	hi, lo uint64 // the last id: the milliseconds and 16 random bits, then 64 more
 }
 
 func (g *idGenerator) next() string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	ms := uint64(time.Now().UnixMilli())
-	if ms > g.lastMs {
-		g.lastMs = ms
-		rand.Read(g.last[:])
-	} else {
-		// Same millisecond, or the clock stepped back: count up from the last id.
-		for i := len(g.last) - 1; i >= 0; i-- {
-			g.last[i]++
-			if g.last[i] != 0 {
-				break
-			}
-			if i == 0 { // 80 bits ran over: borrow the next millisecond
-				g.lastMs++
-			}
-		}
+	if ms := uint64(time.Now().UnixMilli()); ms > g.hi>>16 {
+		var r [10]byte
+		rand.Read(r[:])
+		g.hi, g.lo = ms<<16|uint64(binary.BigEndian.Uint16(r[:])), binary.BigEndian.Uint64(r[2:])
+	} else if g.lo++; g.lo == 0 { // same millisecond, or the clock stepped back: count up
+		g.hi++
 	}
-	var b [16]byte
-	binary.BigEndian.PutUint64(b[:8], g.lastMs<<16)
-	copy(b[6:], g.last[:])
-	hi, lo := binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
 	var out [26]byte
-	for i := 25; i >= 0; i-- {
+	for i, hi, lo := 25, g.hi, g.lo; i >= 0; i-- {
 		out[i] = crockford[lo&31]
-		lo = lo>>5 | hi<<59
-		hi >>= 5
+		lo, hi = lo>>5|hi<<59, hi>>5
 	}
 	return "btn_" + string(out[:])
 }
@@ -1185,23 +1236,5 @@ func (g *idGenerator) next() string {
 // else is answered "not found" without a query.
 func validButtonID(id string) bool {
 	rest, ok := strings.CutPrefix(id, "btn_")
-	if !ok || len(rest) != 26 || rest[0] > '7' {
-		return false
-	}
-	for i := 0; i < len(rest); i++ {
-		if strings.IndexByte(crockford, rest[i]) < 0 {
-			return false
-		}
-	}
-	return true
-}
-
-// randomCrockford returns n random Crockford base32 characters (5 bits each).
-func randomCrockford(n int) string {
-	raw := make([]byte, n)
-	rand.Read(raw)
-	for i, v := range raw {
-		raw[i] = crockford[v&31]
-	}
-	return string(raw)
+	return ok && rest != "" && rest[0] <= '7' && asciiIn(rest, 26, 26, crockford)
 }

@@ -6,99 +6,114 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"maps"
 	"net/url"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 )
 
-// Limits from the contract (section 5).
+// Limits from the contract (sections 5 and 9).
 const (
 	maxNameRunes        = 250
 	maxDescriptionRunes = 5000
 	// maxAmountMinor is 10^15 minor units: far above any real price, and small
 	// enough that every amount fits an int64 in any currency's minor unit.
-	maxAmountMinor int64 = 1_000_000_000_000_000
-	// maxFeeBasisPoints is 100% in hundredths of a percent.
-	maxFeeBasisPoints int64 = 10_000
+	maxAmountMinor      int64 = 1_000_000_000_000_000
+	maxFeeBasisPoints   int64 = 10_000 // 100%
+	maxMetadataKeys           = 50
+	maxMetadataKeyBytes       = 40
+	maxMetadataRunes          = 500
 )
 
 const feeField = "ApplicationFeePercentage"
 
 var (
 	createFields = []string{"productName", "description", "amount", "currency",
-		"billingInterval", "paymentMethod", "paymentType", "isLive", feeField}
-	updateFields = []string{"productName", "description", "amount", "currency", feeField}
+		"billingInterval", "paymentMethod", "paymentType", "isLive", feeField, "metadata"}
+	updateFields = []string{"productName", "description", "amount", "currency", feeField, "metadata"}
 	// fixedFields are chosen at create; an update body that names them is refused
 	// rather than silently ignored, so a client never believes it changed them.
 	fixedFields = []string{"paymentMethod", "paymentType", "isLive", "billingInterval"}
 )
 
-// invalidError is a rejected request body: message summarises, fields holds
-// every failing field -> why. Problems with the body as a whole are under "body".
-type invalidError struct {
-	message string
-	fields  map[string]string
+// problems are what is wrong with a request: field -> why, the first problem
+// found for a field wins. Problems with the body as a whole are under "body".
+type problems map[string]string
+
+func (p problems) fail(name, why string) {
+	if _, failed := p[name]; !failed {
+		p[name] = why
+	}
 }
 
-func (e *invalidError) Error() string { return e.message }
-
-// newInvalidError summarises fields (field -> why, at least one) into one message:
-// "<field> <why>" for one problem, "N fields are invalid: a, b, c" for several.
-func newInvalidError(fields map[string]string) *invalidError {
-	names := make([]string, 0, len(fields))
-	for name := range fields {
-		names = append(names, name)
+// text records under name what is wrong with s, if anything: more than max
+// characters, or one that bad reports (described by badWhy).
+func (p problems) text(name, s string, max int, bad func(rune) bool, badWhy string) bool {
+	switch n := utf8.RuneCountInString(s); {
+	case n > max:
+		p.fail(name, fmt.Sprintf("must be at most %d characters (it has %d)", max, n))
+	case strings.ContainsFunc(s, bad):
+		p.fail(name, "must not contain "+badWhy)
+	default:
+		return true
 	}
-	slices.Sort(names)
+	return false
+}
+
+// invalid is the 400 for problems, nil for none: its message is "<field>
+// <why>" for one problem, "N fields are invalid: a, b" for several.
+func invalid(problems problems) error {
+	if len(problems) == 0 {
+		return nil
+	}
+	names := slices.Sorted(maps.Keys(problems))
+	message := fmt.Sprintf("%d fields are invalid: %s", len(names), strings.Join(names, ", "))
 	if len(names) == 1 {
-		return &invalidError{names[0] + " " + fields[names[0]], fields}
+		message = names[0] + " " + problems[names[0]]
 	}
-	return &invalidError{fmt.Sprintf("%d fields are invalid: %s", len(names), strings.Join(names, ", ")), fields}
+	return &apiError{code: "invalid_request", message: message, fields: problems}
 }
 
-// --- decoding ---
+// --- bodies ---
 
-// decodeCreate reads a create body into a button (productName, description, amount,
-// currency, billingInterval, paymentMethod, paymentType, isLive, fee). providerName
-// is the service's own processor name, one of the three valid paymentMethod values.
-// On failure it returns an *invalidError naming every failing field.
+// decodeCreate reads a create body into a button. providerName is the
+// paymentMethod value of the service's own processor. On failure it returns
+// invalid_request naming every failing field.
 func decodeCreate(body []byte, providerName string) (button, error) {
 	f, err := readObject(body, createFields)
 	if err != nil {
 		return button{}, err
 	}
-	if providerName == "" {
-		providerName = "the service" // never let an empty paymentMethod match
-	}
 	var b button
 	b.ProductName, _ = f.productName(true)
 	b.Description, _ = f.description()
-	b.IsLive, _ = f.boolean("isLive")
-
+	if v, ok := f.get("isLive", true); ok {
+		if b.IsLive, ok = v.(bool); !ok {
+			f.fail("isLive", "must be a boolean")
+		}
+	}
 	amount, amountOK := f.amount(true)
 	currency, currencyOK := f.currency(true)
 	b.Currency = currency
 	if amountOK && currencyOK {
-		if minor, why := minorUnits(amount, currency); why != "" {
-			f.fail("amount", why)
-		} else {
-			b.AmountMinor = minor
-		}
+		b.AmountMinor = f.minorUnits("amount", amount, currency)
 	}
+	b.Metadata, _ = f.metadata(nil)
 
 	var typeOK, intervalOK bool
 	b.PaymentType, typeOK = f.oneOf("paymentType", "one_time", "subscription")
 	b.BillingInterval, intervalOK = f.billingInterval()
-	if typeOK && intervalOK {
-		switch {
-		case b.PaymentType == "subscription" && b.BillingInterval == "":
-			f.fail("billingInterval", "is required when paymentType is subscription")
-		case b.PaymentType == "one_time" && b.BillingInterval != "":
-			f.fail("billingInterval", "must be absent when paymentType is one_time")
-		}
+	switch {
+	case !typeOK || !intervalOK:
+	case b.PaymentType == "subscription" && b.BillingInterval == "":
+		f.fail("billingInterval", "is required when paymentType is subscription")
+	case b.PaymentType == "one_time" && b.BillingInterval != "":
+		f.fail("billingInterval", "must be absent when paymentType is one_time")
 	}
 
 	var methodOK bool
@@ -109,218 +124,157 @@ func decodeCreate(body []byte, providerName string) (button, error) {
 		f.fail(feeField, "is required when paymentMethod is StripeConnect")
 	case !methodOK || b.PaymentMethod == "StripeConnect":
 		b.FeeBasisPoints, _ = f.fee()
-	case feeGiven:
-		// Said without reading the value: the fix is to drop the field, not to mend it.
+	case feeGiven: // said without reading the value: the fix is to drop the field
 		f.fail(feeField, "is only allowed when paymentMethod is StripeConnect")
 	}
-
-	if len(f.problems) > 0 {
-		return button{}, newInvalidError(f.problems)
-	}
-	return b, nil
+	return b, invalid(f.problems)
 }
 
-// updateRequest is a decoded update body; a nil field is left unchanged.
-type updateRequest struct {
-	productName *string
-	description *string  // "" clears it
-	amount      *decimal // checked by apply against the currency after the update
-	currency    *string
-	fee         *int64 // basis points
-}
-
-// decodeUpdate reads an update body, checking each field on its own (the stored
-// button is apply's concern). On failure it returns an *invalidError naming every
-// failing field, or {"body": "has no field to update"} when nothing would change.
-func decodeUpdate(body []byte) (updateRequest, error) {
+// decodeUpdate reads an update body, checking each field on its own, and
+// returns apply, which checks the change against the stored button and makes
+// it: the amount in the currency the button will have (a new currency
+// without a new amount re-expresses the stored amount), the fee only on a
+// StripeConnect button, metadata merged key by key. Both fail with
+// invalid_request (apply then leaves the button as it was); a body that names
+// no field is {"body": "has no field to update"}.
+func decodeUpdate(body []byte) (apply func(*button) error, err error) {
 	f, err := readObject(body, slices.Concat(updateFields, fixedFields))
 	if err != nil {
-		return updateRequest{}, err
+		return nil, err
 	}
 	for _, name := range fixedFields {
 		if _, given := f.given[name]; given {
 			f.fail(name, "cannot be changed by update")
 		}
 	}
-	var u updateRequest
-	if name, ok := f.productName(false); ok {
-		u.productName = &name
+	name, nameOK := f.productName(false)
+	description, descriptionOK := f.description()
+	if v, given := f.given["description"]; given && v == nil {
+		descriptionOK = true // null clears it
 	}
-	if raw, given := f.given["description"]; given {
-		if text, ok := f.description(); ok {
-			u.description = &text
-		} else if string(raw) == "null" {
-			u.description = new("")
+	amount, amountOK := f.amount(false)
+	currency, currencyOK := f.currency(false)
+	if amountOK && currencyOK { // both in the body: the mismatch is reported with the other problems
+		f.minorUnits("amount", amount, currency)
+	}
+	fee, feeOK := f.fee()
+	_, metadataOK := f.metadata(nil)
+	if len(f.problems) == 0 && !nameOK && !descriptionOK && !amountOK && !currencyOK && !feeOK && !metadataOK {
+		f.fail("body", "has no field to update")
+	}
+	if err := invalid(f.problems); err != nil {
+		return nil, err
+	}
+	return func(b *button) error {
+		next := *b
+		if nameOK {
+			next.ProductName = name
 		}
-	}
-	if d, ok := f.amount(false); ok {
-		u.amount = &d
-	}
-	if code, ok := f.currency(false); ok {
-		u.currency = &code
-	}
-	if u.amount != nil && u.currency != nil {
-		// Both are in the body, so the mismatch is reported with the other problems.
-		if _, why := minorUnits(*u.amount, *u.currency); why != "" {
-			f.fail("amount", why)
+		if descriptionOK {
+			next.Description = description
 		}
-	}
-	if bp, ok := f.fee(); ok {
-		u.fee = &bp
-	}
-	switch {
-	case len(f.problems) > 0:
-		return updateRequest{}, newInvalidError(f.problems)
-	case u == updateRequest{}:
-		return updateRequest{}, newInvalidError(map[string]string{"body": "has no field to update"})
-	}
-	return u, nil
+		if currencyOK {
+			next.Currency = currency
+		}
+		if amountOK {
+			next.AmountMinor = f.minorUnits("amount", amount, next.Currency)
+		} else if next.Currency != b.Currency {
+			stored := formatAmount(b.AmountMinor, b.Currency)
+			d, _ := parseDecimal(stored) // formatAmount always writes a plain decimal
+			if next.AmountMinor = f.minorUnits("currency", d, next.Currency); f.problems["currency"] != "" {
+				f.problems["currency"] = fmt.Sprintf("cannot be changed to %s without a new amount: the stored amount %s %s",
+					next.Currency, stored, f.problems["currency"])
+			}
+		}
+		if feeOK {
+			next.FeeBasisPoints = fee
+			if b.PaymentMethod != "StripeConnect" {
+				f.fail(feeField, "is only allowed when paymentMethod is StripeConnect (this button uses "+b.PaymentMethod+")")
+			}
+		}
+		next.Metadata, _ = f.metadata(b.Metadata)
+		if err := invalid(f.problems); err != nil {
+			return err
+		}
+		*b = next
+		return nil
+	}, nil
 }
 
-// apply checks u against the stored button and then writes the change into b.
-// The amount is checked in the currency b will have afterwards; a new currency
-// without a new amount re-expresses the stored amount in it. On failure it
-// returns an *invalidError and leaves b untouched.
-func (u updateRequest) apply(b *button) error {
-	next := *b
-	problems := map[string]string{}
-	if u.productName != nil {
-		next.ProductName = *u.productName
-	}
-	if u.description != nil {
-		next.Description = *u.description
-	}
-	if u.currency != nil {
-		next.Currency = *u.currency
-	}
-	switch {
-	case u.amount != nil:
-		minor, why := minorUnits(*u.amount, next.Currency)
-		if why != "" {
-			problems["amount"] = why
-		}
-		next.AmountMinor = minor
-	case next.Currency != b.Currency:
-		stored := formatAmount(b.AmountMinor, b.Currency)
-		d, _ := parseDecimal(stored) // formatAmount always writes a plain decimal
-		minor, why := minorUnits(d, next.Currency)
-		if why != "" {
-			problems["currency"] = fmt.Sprintf("cannot be changed to %s without a new amount: the stored amount %s %s",
-				next.Currency, stored, why)
-		}
-		next.AmountMinor = minor
-	}
-	if u.fee != nil {
-		if b.PaymentMethod != "StripeConnect" {
-			problems[feeField] = fmt.Sprintf("is only allowed when paymentMethod is StripeConnect (this button uses %s)", b.PaymentMethod)
-		}
-		next.FeeBasisPoints = *u.fee
-	}
-	if len(problems) > 0 {
-		return newInvalidError(problems)
-	}
-	*b = next
-	return nil
-}
-
-// readObject walks body as exactly one JSON object, token by token, so that exact
-// names and repeats are seen (encoding/json alone folds case and keeps the last
-// repeat). Unknown and repeated names are recorded as problems. When the body
-// itself is unusable it returns an *invalidError with only a "body" entry.
+// readObject reads body as exactly one JSON object, then walks it name by
+// name, so that exact names and repeats are seen (encoding/json alone folds
+// case and keeps the last repeat). Unknown and repeated names are recorded as
+// problems. When the body itself is unusable it returns invalid_request with
+// only a "body" entry, saying where (zero-based), never encoding/json's text.
 func readObject(body []byte, known []string) (*fields, error) {
-	bodyError := func(why string) (*fields, error) {
-		return nil, newInvalidError(map[string]string{"body": why})
-	}
-	// Checked first: encoding/json would quietly turn bad bytes into U+FFFD.
-	if !utf8.Valid(body) {
-		return bodyError("is not valid UTF-8")
-	}
+	var object json.RawMessage
+	var syntax *json.SyntaxError
 	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber() // a top-level 1e999 is then "not an object", not a float64 overflow
-	tok, err := dec.Token()
+	err := dec.Decode(&object)
+	rest := bytes.TrimLeft(body[dec.InputOffset():], " \t\r\n")
+	why := ""
 	switch {
+	case !utf8.Valid(body): // encoding/json would quietly turn bad bytes into U+FFFD
+		why = "is not valid UTF-8"
 	case err == io.EOF:
-		return bodyError("is empty")
+		why = "is empty"
+	case errors.As(err, &syntax):
+		why = fmt.Sprintf("is not valid JSON (at byte %d)", syntax.Offset-1)
 	case err != nil:
-		return bodyError(notJSON(body, err))
-	case tok != json.Delim('{'):
-		return bodyError("must be a JSON object")
+		why = fmt.Sprintf("is not valid JSON (it ends early, at byte %d)", len(body))
+	case object[0] != '{':
+		why = "must be a JSON object"
+	case len(rest) > 0:
+		why = fmt.Sprintf("has data after the JSON object (at byte %d)", len(body)-len(rest))
 	}
-	f := &fields{given: map[string]json.RawMessage{}, problems: map[string]string{}}
+	if why != "" {
+		return nil, invalid(problems{"body": why})
+	}
+	f := &fields{given: map[string]any{}, problems: problems{}}
 	seen := map[string]bool{}
+	dec = json.NewDecoder(bytes.NewReader(object))
+	dec.UseNumber() // numbers keep their text: amounts never pass through a float
+	dec.Token()     // the object is valid: from here on nothing fails
 	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return bodyError(notJSON(body, err))
-		}
-		name := tok.(string) // inside an object, Token returns a key or an error
-		var value json.RawMessage
-		if err := dec.Decode(&value); err != nil {
-			return bodyError(notJSON(body, err))
-		}
-		switch {
+		tok, _ := dec.Token()
+		var value any
+		dec.Decode(&value)
+		switch name := tok.(string); {
 		case !slices.Contains(known, name):
-			f.fail(name, unknownField(name, known))
+			f.fail(name, unknownName("field", name, known))
 		case seen[name]:
 			f.fail(name, "is given more than once")
 			delete(f.given, name) // neither value is used
 		default:
-			f.given[name] = value
+			f.given[name], seen[name] = value, true
 		}
-		seen[name] = true
-	}
-	if _, err := dec.Token(); err != nil { // the closing brace
-		return bodyError(notJSON(body, err))
-	}
-	end := int(dec.InputOffset())
-	if _, err := dec.Token(); err != io.EOF {
-		at := end + len(body[end:]) - len(bytes.TrimLeft(body[end:], " \t\r\n"))
-		return bodyError(fmt.Sprintf("has data after the JSON object (at byte %d)", at))
 	}
 	return f, nil
 }
 
-// notJSON words a decoding failure as the "body" problem with the zero-based
-// offset of the offending byte, never encoding/json's text (it speaks of Go
-// types). The offset comes from json.Unmarshal, which counts bytes the same way
-// wherever the error is; the Decoder's offsets differ between Token and Decode.
-func notJSON(body []byte, err error) string {
-	var syntax *json.SyntaxError
-	if errors.As(err, &syntax) && errors.As(json.Unmarshal(body, new(json.RawMessage)), &syntax) {
-		return fmt.Sprintf("is not valid JSON (at byte %d)", syntax.Offset-1)
-	}
-	return fmt.Sprintf("is not valid JSON (it ends early, at byte %d)", len(body))
-}
-
-// unknownField is the problem for a name not in known, suggesting the known name
-// it matches ignoring case.
-func unknownField(name string, known []string) string {
+// unknownName is the problem for a field or query parameter not in known,
+// suggesting the known name it matches ignoring case.
+func unknownName(kind, name string, known []string) string {
 	for _, k := range known {
 		if strings.EqualFold(name, k) {
-			return fmt.Sprintf("unknown field; did you mean %q?", k)
+			return fmt.Sprintf("unknown %s; did you mean %q?", kind, k)
 		}
 	}
-	return "unknown field"
+	return "unknown " + kind
 }
 
-// fields is one decoded body: the raw value of each known field given once, and
-// the problems found so far.
+// fields is one decoded body: the value of each known field given once (null
+// included; numbers as json.Number, their text), and the problems found so far.
 type fields struct {
-	given    map[string]json.RawMessage // name -> JSON text; null included
-	problems map[string]string          // name -> why; the first problem found wins
+	given map[string]any
+	problems
 }
 
-func (f *fields) fail(name, why string) {
-	if _, failed := f.problems[name]; !failed {
-		f.problems[name] = why
-	}
-}
-
-// get returns name's JSON text; false when it is absent, null or already failed,
+// get returns name's value; false when it is absent, null or already failed,
 // recording "is required" if it is.
-func (f *fields) get(name string, required bool) (json.RawMessage, bool) {
-	v, given := f.given[name]
-	if _, failed := f.problems[name]; failed || !given || string(v) == "null" {
+func (f *fields) get(name string, required bool) (any, bool) {
+	v := f.given[name]
+	if _, failed := f.problems[name]; failed || v == nil {
 		if required {
 			f.fail(name, "is required")
 		}
@@ -332,71 +286,11 @@ func (f *fields) get(name string, required bool) (json.RawMessage, bool) {
 // str returns name's JSON string; false when it has none or it is not a string.
 func (f *fields) str(name string, required bool) (string, bool) {
 	v, ok := f.get(name, required)
-	if !ok {
-		return "", false
-	}
-	if v[0] != '"' {
+	s, isString := v.(string)
+	if ok && !isString {
 		f.fail(name, "must be a string")
-		return "", false
 	}
-	// encoding/json would decode a lone surrogate as U+FFFD: the stored text
-	// would differ from what was sent.
-	if hasLoneSurrogate(v) {
-		f.fail(name, `contains an invalid \u escape (lone surrogate)`)
-		return "", false
-	}
-	var s string
-	if err := json.Unmarshal(v, &s); err != nil {
-		f.fail(name, "must be a string")
-		return "", false
-	}
-	return s, true
-}
-
-// hasLoneSurrogate reports whether the JSON string literal lit (already known
-// to be valid JSON) holds a \u escape of a UTF-16 surrogate that is not half of
-// a high-low pair.
-func hasLoneSurrogate(lit []byte) bool {
-	for i := 0; i < len(lit); i++ {
-		if lit[i] != '\\' {
-			continue
-		}
-		i++ // the escaped byte: skipping it keeps an escaped backslash from being read twice
-		if lit[i] != 'u' {
-			continue
-		}
-		r := hex4(lit[i+1:])
-		i += 4
-		switch {
-		case 0xDC00 <= r && r <= 0xDFFF: // a low half with no high half before it
-			return true
-		case 0xD800 <= r && r <= 0xDBFF:
-			if i+6 >= len(lit) || lit[i+1] != '\\' || lit[i+2] != 'u' {
-				return true
-			}
-			if low := hex4(lit[i+3:]); low < 0xDC00 || low > 0xDFFF {
-				return true
-			}
-			i += 6
-		}
-	}
-	return false
-}
-
-// hex4 reads the four hex digits that start b, as every \u escape in valid JSON has.
-func hex4(b []byte) rune {
-	n, _ := strconv.ParseUint(string(b[:4]), 16, 16)
-	return rune(n)
-}
-
-// boolean returns the required JSON boolean name; false when it is missing or not a boolean.
-func (f *fields) boolean(name string) (bool, bool) {
-	v, ok := f.get(name, true)
-	if ok && string(v) != "true" && string(v) != "false" {
-		f.fail(name, "must be a boolean")
-		return false, false
-	}
-	return string(v) == "true", ok
+	return s, ok && isString
 }
 
 // number returns name's plain decimal, written as a JSON string or as a JSON
@@ -404,16 +298,15 @@ func (f *fields) boolean(name string) (bool, bool) {
 // none or it is not a plain decimal.
 func (f *fields) number(name string, required bool) (decimal, bool) {
 	v, ok := f.get(name, required)
-	if !ok {
+	var text string
+	switch v := v.(type) {
+	case nil:
 		return decimal{}, false
-	}
-	text := string(v)
-	switch {
-	case v[0] == '"':
-		if text, ok = f.str(name, required); !ok {
-			return decimal{}, false
-		}
-	case v[0] != '-' && (v[0] < '0' || v[0] > '9'):
+	case string:
+		text = v
+	case json.Number:
+		text = v.String()
+	default:
 		f.fail(name, "must be a string or a number")
 		return decimal{}, false
 	}
@@ -428,33 +321,26 @@ func (f *fields) number(name string, required bool) (decimal, bool) {
 // is missing or not allowed, suggesting the spelling it matches ignoring case.
 func (f *fields) oneOf(name string, allowed ...string) (string, bool) {
 	s, ok := f.str(name, true)
-	if !ok {
-		return "", false
+	if !ok || slices.Contains(allowed, s) {
+		return s, ok
 	}
-	if slices.Contains(allowed, s) {
-		return s, true
-	}
-	quoted := make([]string, len(allowed))
-	for i, a := range allowed {
+	for _, a := range allowed {
 		if strings.EqualFold(s, a) {
 			f.fail(name, fmt.Sprintf("must be exactly %q", a))
 			return "", false
 		}
-		quoted[i] = strconv.Quote(a)
 	}
-	f.fail(name, "must be one of "+strings.Join(quoted, ", "))
+	f.fail(name, "must be one of "+quoted(allowed))
 	return "", false
 }
 
-// asciiLower lower-cases ASCII letters and leaves every other byte alone.
-func asciiLower(s string) string {
-	b := []byte(s)
-	for i, c := range b {
-		if 'A' <= c && c <= 'Z' {
-			b[i] = c + 'a' - 'A'
-		}
+// quoted lists values as `"a", "b", "c"`.
+func quoted(values []string) string {
+	q := make([]string, len(values))
+	for i, v := range values {
+		q[i] = strconv.Quote(v)
 	}
-	return string(b)
+	return strings.Join(q, ", ")
 }
 
 // --- field rules ---
@@ -462,19 +348,15 @@ func asciiLower(s string) string {
 // productName returns the trimmed name; false when it is absent or breaks a rule.
 func (f *fields) productName(required bool) (string, bool) {
 	s, ok := f.str("productName", required)
-	if !ok {
-		return "", false
-	}
 	s = strings.TrimSpace(s)
-	switch n := utf8.RuneCountInString(s); {
-	case n == 0:
+	switch {
+	case !ok:
+	case s == "":
 		f.fail("productName", "must not be empty")
-	case n > maxNameRunes:
-		f.fail("productName", fmt.Sprintf("must be at most %d characters (it has %d)", maxNameRunes, n))
-	case strings.ContainsFunc(s, unicode.IsControl):
-		f.fail("productName", "must not contain control characters")
+	case !strings.ContainsFunc(s, func(r rune) bool { return unicode.IsGraphic(r) && !unicode.IsSpace(r) }):
+		f.fail("productName", "must have at least one visible character")
 	default:
-		return s, true
+		return s, f.text("productName", s, maxNameRunes, unicode.IsControl, "control characters")
 	}
 	return "", false
 }
@@ -483,23 +365,14 @@ func (f *fields) productName(required bool) (string, bool) {
 // is absent, null or breaks a rule.
 func (f *fields) description() (string, bool) {
 	s, ok := f.str("description", false)
-	if !ok {
-		return "", false
-	}
-	switch n := utf8.RuneCountInString(s); {
-	case n > maxDescriptionRunes:
-		f.fail("description", fmt.Sprintf("must be at most %d characters (it has %d)", maxDescriptionRunes, n))
-	case strings.ContainsFunc(s, func(r rune) bool { return unicode.IsControl(r) && r != '\t' && r != '\n' && r != '\r' }):
-		f.fail("description", "must not contain control characters other than tab and line breaks")
-	default:
-		return s, true
-	}
-	return "", false
+	return s, ok && f.text("description", s, maxDescriptionRunes, func(r rune) bool {
+		return unicode.IsControl(r) && !strings.ContainsRune("\t\n\r", r)
+	}, "control characters other than tab and line breaks")
 }
 
 // amount returns the amount when it is a plain decimal above zero; false when
-// it is absent or not. Its fit in the currency's minor unit is minorUnits' job,
-// so that a bad currency still leaves the amount's own problems reported.
+// it is absent or not. Its fit in the currency is minorUnits' job, so that a
+// bad currency still leaves the amount's own problems reported.
 func (f *fields) amount(required bool) (decimal, bool) {
 	d, ok := f.number("amount", required)
 	if ok && d.isZero() {
@@ -513,21 +386,16 @@ func (f *fields) amount(required bool) (decimal, bool) {
 // active, chargeable ISO 4217 currency.
 func (f *fields) currency(required bool) (string, bool) {
 	s, ok := f.str("currency", required)
-	if !ok {
-		return "", false
-	}
-	// ASCII only before upper-casing: strings.ToUpper maps "ſ" to "S".
-	if len(s) != 3 || strings.ContainsFunc(s, func(r rune) bool { return !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z') }) {
+	code := strings.ToUpper(s) // ASCII only, checked below: strings.ToUpper maps "ſ" to "S"
+	_, active := currencyExponents[code]
+	switch why, excluded := currencyExclusions[code]; {
+	case !ok || active && asciiIn(s, 3, 3, letters):
+		return code, ok
+	case !asciiIn(s, 3, 3, letters):
 		f.fail("currency", `must be a three-letter ISO 4217 code such as "USD"`)
-		return "", false
-	}
-	code := strings.ToUpper(s)
-	if _, ok := currencyExponents[code]; ok {
-		return code, true
-	}
-	if why, ok := currencyExclusions[code]; ok {
+	case excluded:
 		f.fail("currency", why)
-	} else {
+	default:
 		f.fail("currency", "is not an ISO 4217 currency code")
 	}
 	return "", false
@@ -543,141 +411,194 @@ var billingIntervals = map[string]string{
 // false only when the value breaks a rule.
 func (f *fields) billingInterval() (string, bool) {
 	s, _ := f.str("billingInterval", false)
-	if _, failed := f.problems["billingInterval"]; failed {
+	// Lower-cased as ASCII only: strings.ToLower maps the Kelvin sign to "k".
+	interval, known := billingIntervals[strings.ToLower(s)]
+	switch _, failed := f.problems["billingInterval"]; {
+	case failed:
+		return "", false
+	case s != "" && (!known || !asciiIn(s, 1, 8, letters)):
+		f.fail("billingInterval", `must be one of "day", "week", "month", "year"`)
 		return "", false
 	}
-	if s == "" {
-		return "", true
-	}
-	// Lower-cased as ASCII only: strings.ToLower maps the Kelvin sign to "k".
-	interval, ok := billingIntervals[asciiLower(s)]
-	if !ok {
-		f.fail("billingInterval", `must be one of "day", "week", "month", "year"`)
-	}
-	return interval, ok
+	return interval, true
 }
 
 // fee returns ApplicationFeePercentage in basis points; false when it is
 // absent or not a multiple of 0.01 between 0.01 and 100.
 func (f *fields) fee() (int64, bool) {
 	d, ok := f.number(feeField, false)
-	if !ok {
-		return 0, false
-	}
-	if d.places() > 2 {
+	bp, fits := d.scaled(2, maxFeeBasisPoints)
+	switch {
+	case !ok:
+	case d.places() > 2:
 		f.fail(feeField, "must have at most 2 decimal places")
-		return 0, false
-	}
-	bp, ok := d.scaled(2, maxFeeBasisPoints)
-	if !ok || bp == 0 {
+	case !fits || bp == 0:
 		f.fail(feeField, "must be between 0.01 and 100")
-		return 0, false
+	default:
+		return bp, true
 	}
-	return bp, true
+	return 0, false
 }
 
-// --- query and headers ---
-
-const (
-	defaultListLimit = 20
-	maxListLimit     = 100
-)
-
-// listParameters are the query parameters of the list endpoint.
-var listParameters = []string{"limit", "after", "state", "isLive", "paymentMethod"}
-
-// decodeListQuery reads the list endpoint's query string. state defaults to
-// active. On failure it returns an *invalidError naming every bad parameter.
-func decodeListQuery(rawQuery, providerName string) (listFilter, error) {
-	f := listFilter{Limit: defaultListLimit, State: stateActive}
-	values, err := url.ParseQuery(rawQuery)
-	if err != nil {
-		return listFilter{}, newInvalidError(map[string]string{"query": "is not a valid URL query string"})
+// metadata returns stored with the body's metadata merged into it: a string
+// value sets its key, null or "" removes it (so a create's are simply left
+// out). false when the body has none (absent or null) or it breaks a rule;
+// problems are under "metadata" for the object and "metadata.KEY" for a value.
+func (f *fields) metadata(stored map[string]string) (map[string]string, bool) {
+	v, ok := f.get("metadata", false)
+	object, isObject := v.(map[string]any)
+	if !isObject {
+		if ok {
+			f.fail("metadata", "must be an object of string keys to string values")
+		}
+		return stored, false
 	}
-	problems := map[string]string{}
-	for name, given := range values {
+	merged, failures := maps.Clone(stored), len(f.problems)
+	for key, value := range object {
+		s, isString := value.(string)
+		switch name := "metadata." + key; {
+		case !asciiIn(key, 1, maxMetadataKeyBytes, nameChars):
+			f.fail("metadata", fmt.Sprintf("has the key %.41q: a key is 1 to %d of A-Z a-z 0-9 _ - .", key, maxMetadataKeyBytes))
+		case !isString && value != nil:
+			f.fail(name, "must be a string, or null to remove the key")
+		case s == "":
+			delete(merged, key)
+		case f.text(name, s, maxMetadataRunes, unicode.IsControl, "control characters"):
+			if merged == nil {
+				merged = map[string]string{}
+			}
+			merged[key] = s
+		}
+	}
+	if len(merged) > maxMetadataKeys {
+		f.fail("metadata", fmt.Sprintf("must have at most %d keys (it would have %d)", maxMetadataKeys, len(merged)))
+	}
+	return merged, len(f.problems) == failures
+}
+
+// --- queries and headers ---
+
+// query is a request's query string and the problems found in it.
+type query struct {
+	values url.Values
+	problems
+}
+
+// readQuery parses raw, noting unknown and repeated parameters. A known name
+// "metadata[KEY]" stands for every metadata[...] parameter.
+func readQuery(raw string, known ...string) *query {
+	q := &query{problems: problems{}}
+	var err error
+	if q.values, err = url.ParseQuery(raw); err != nil {
+		q.problems["query"] = "is not a valid URL query string"
+	}
+	for name, given := range q.values {
+		pattern := name
+		if strings.HasPrefix(name, "metadata[") && strings.HasSuffix(name, "]") {
+			pattern = "metadata[KEY]"
+		}
 		switch {
-		case !slices.Contains(listParameters, name):
-			problems[name] = strings.Replace(unknownField(name, listParameters), "field", "query parameter", 1)
+		case !slices.Contains(known, pattern):
+			q.problems[name] = unknownName("query parameter", name, known)
 		case len(given) > 1:
-			problems[name] = "is given more than once"
+			q.problems[name] = "is given more than once"
 		}
 	}
-	get := func(name string) (string, bool) {
-		if _, bad := problems[name]; bad || len(values[name]) == 0 {
-			return "", false
-		}
-		return values[name][0], true
+	return q
+}
+
+// get returns the parameter's value; false when it is absent or already refused.
+func (q *query) get(name string) (string, bool) {
+	_, bad := q.problems[name]
+	return q.values.Get(name), !bad && q.values.Has(name)
+}
+
+// whole returns the parameter as a whole number from min to max, def when absent.
+func (q *query) whole(name string, min, max, def int64) int64 {
+	v, ok := q.get(name)
+	n, err := strconv.ParseInt(v, 10, 64)
+	if ok && (err != nil || !asciiIn(v, 1, 19, digits) || n < min || n > max) {
+		q.fail(name, fmt.Sprintf("must be a whole number from %d to %d", min, max))
 	}
-	if v, ok := get("limit"); ok {
-		n, err := strconv.Atoi(v)
-		if err != nil || !allDigits(v) || n < 1 || n > maxListLimit {
-			problems["limit"] = fmt.Sprintf("must be a whole number from 1 to %d", maxListLimit)
-		}
-		f.Limit = n
+	if !ok {
+		return def
 	}
-	if v, ok := get("after"); ok {
+	return n
+}
+
+// decodeListQuery reads the list endpoint's query string; state defaults to active.
+func decodeListQuery(rawQuery, providerName string) (listFilter, error) {
+	q := readQuery(rawQuery, "limit", "after", "state", "isLive", "paymentMethod", "metadata[KEY]")
+	f := listFilter{Limit: int(q.whole("limit", 1, 100, 20)), State: stateActive, Metadata: map[string]string{}}
+	if v, ok := q.get("after"); ok {
 		if !validButtonID(v) {
-			problems["after"] = "must be a button id, the next of a previous page"
+			q.fail("after", "must be a button id, the next of a previous page")
 		}
 		f.After = v
 	}
-	if v, ok := get("state"); ok {
-		switch v {
-		case stateActive, stateDeleted:
-			f.State = v
-		case "all":
+	if v, ok := q.get("state"); ok {
+		if f.State = v; v == "all" {
 			f.State = ""
-		default:
-			problems["state"] = `must be one of "active", "deleted", "all"`
+		} else if v != stateActive && v != stateDeleted {
+			q.fail("state", `must be one of "active", "deleted", "all"`)
 		}
 	}
-	if v, ok := get("isLive"); ok {
+	if v, ok := q.get("isLive"); ok {
 		if v != "true" && v != "false" {
-			problems["isLive"] = `must be "true" or "false"`
+			q.fail("isLive", `must be "true" or "false"`)
 		}
-		live := v == "true"
-		f.IsLive = &live
+		f.IsLive = new(v == "true")
 	}
-	if v, ok := get("paymentMethod"); ok {
-		if v != providerName && v != "Stripe" && v != "StripeConnect" {
-			problems["paymentMethod"] = fmt.Sprintf("must be one of %q, %q, %q", providerName, "Stripe", "StripeConnect")
+	if v, ok := q.get("paymentMethod"); ok {
+		if methods := []string{providerName, "Stripe", "StripeConnect"}; !slices.Contains(methods, v) {
+			q.fail("paymentMethod", "must be one of "+quoted(methods))
 		}
 		f.PaymentMethod = v
 	}
-	if len(problems) > 0 {
-		return listFilter{}, newInvalidError(problems)
-	}
-	return f, nil
-}
-
-// parseIfMatch reads an If-Match header: the ETag get sent, "<version>". It
-// returns 0 when the header is absent or "*" (any version), and an
-// *invalidError when it is not a version.
-func parseIfMatch(header string) (int64, error) {
-	if header == "" || header == "*" {
-		return 0, nil
-	}
-	digits, quoted := strings.CutPrefix(header, `"`)
-	digits, closed := strings.CutSuffix(digits, `"`)
-	version, err := strconv.ParseInt(digits, 10, 64)
-	if !quoted || !closed || !allDigits(digits) || err != nil || version < 1 {
-		return 0, newInvalidError(map[string]string{"If-Match": `must be the ETag get sent, a version in quotes such as "3"`})
-	}
-	return version, nil
-}
-
-// validIdempotencyKey accepts 1 to 255 printable ASCII characters.
-func validIdempotencyKey(key string) bool {
-	if key == "" || len(key) > 255 {
-		return false
-	}
-	for _, c := range []byte(key) {
-		if c < 0x20 || c > 0x7e {
-			return false
+	for name := range q.values {
+		key := strings.TrimSuffix(strings.TrimPrefix(name, "metadata["), "]")
+		if v, ok := q.get(name); ok && key != name {
+			switch {
+			case !asciiIn(key, 1, maxMetadataKeyBytes, nameChars):
+				q.fail(name, fmt.Sprintf("must name a key of 1 to %d of A-Z a-z 0-9 _ - .", maxMetadataKeyBytes))
+			case q.text(name, v, maxMetadataRunes, unicode.IsControl, "control characters") && v != "":
+				f.Metadata[key] = v
+			default:
+				q.fail(name, "must be a value of 1 to 500 characters")
+			}
 		}
 	}
-	return true
+	return f, invalid(q.problems)
+}
+
+// decodeHistoryQuery reads the history endpoint's query: limit (1 to 100,
+// default 100) and after, the version a previous page ended at.
+func decodeHistoryQuery(rawQuery string) (limit, after int64, err error) {
+	q := readQuery(rawQuery, "limit", "after")
+	return q.whole("limit", 1, 100, 100), q.whole("after", 0, math.MaxInt64, 0), invalid(q.problems)
+}
+
+// decodeChangesQuery reads the change feed's query: since (a changeSeq, 0 for
+// everything), limit (1 to 100, default 100) and wait (0 to 60 seconds).
+func decodeChangesQuery(rawQuery string) (since, limit int64, wait time.Duration, err error) {
+	q := readQuery(rawQuery, "since", "limit", "wait")
+	since, limit = q.whole("since", 0, math.MaxInt64, 0), q.whole("limit", 1, 100, 100)
+	return since, limit, time.Duration(q.whole("wait", 0, 60, 0)) * time.Second, invalid(q.problems)
+}
+
+// --- character sets ---
+
+const (
+	digits    = "0123456789"
+	letters   = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+	nameChars = letters + digits + "._-" // account names and metadata keys
+)
+
+// asciiIn reports whether s has min to max bytes, each one of allowed.
+func asciiIn(s string, min, max int, allowed string) bool {
+	return len(s) >= min && len(s) <= max && !strings.ContainsFunc(s, func(r rune) bool {
+		return !strings.ContainsRune(allowed, r)
+	})
 }
 
 // --- amounts ---
@@ -690,14 +611,10 @@ type decimal struct{ whole, frac string }
 // returns false for anything else: a sign, an exponent, spaces, a dot at either end.
 func parseDecimal(s string) (decimal, bool) {
 	whole, frac, dot := strings.Cut(s, ".")
-	if whole == "" || dot && frac == "" || !allDigits(whole) || !allDigits(frac) {
+	if !asciiIn(whole, 1, len(s), digits) || dot && !asciiIn(frac, 1, len(s), digits) {
 		return decimal{}, false
 	}
 	return decimal{strings.TrimLeft(whole, "0"), strings.TrimRight(frac, "0")}, true
-}
-
-func allDigits(s string) bool {
-	return !strings.ContainsFunc(s, func(r rune) bool { return r < '0' || r > '9' })
 }
 
 func (d decimal) isZero() bool { return d.whole == "" && d.frac == "" }
@@ -708,64 +625,32 @@ func (d decimal) places() int { return len(d.frac) }
 // scaled returns d * 10^exp; false when d needs more than exp places or the
 // result is above limit. Digit strings of any length are safe.
 func (d decimal) scaled(exp int, limit int64) (int64, bool) {
-	if d.places() > exp {
-		return 0, false
-	}
-	digits := d.whole + d.frac + strings.Repeat("0", exp-d.places())
-	if digits == "" { // zero with no places: "0" in JPY
-		return 0, true
+	if d.places() > exp || d.isZero() {
+		return 0, d.isZero()
 	}
 	// A digit string too long for int64 is a range error, not an overflow.
-	n, err := strconv.ParseInt(digits, 10, 64)
+	n, err := strconv.ParseInt(d.whole+d.frac+strings.Repeat("0", exp-d.places()), 10, 64)
 	return n, err == nil && n <= limit
 }
 
-// minorUnits returns d in currency's minor units, or why it cannot be: more
-// decimal places than the currency has, above maxAmountMinor, or a currency that
-// is no longer in the table (a button stored before a code was withdrawn).
-func minorUnits(d decimal, currency string) (int64, string) {
-	exp, ok := currencyExponents[currency]
+// minorUnits returns d in currency's minor units, or records under name why
+// it cannot be: more decimal places than the currency has, above
+// maxAmountMinor, or a currency no longer in the table (a button stored before
+// its code was withdrawn).
+func (f *fields) minorUnits(name string, d decimal, currency string) int64 {
+	exp, active := currencyExponents[currency]
+	n, fits := d.scaled(exp, maxAmountMinor)
 	switch {
-	case !ok:
-		return 0, fmt.Sprintf("cannot be expressed in %s, which is no longer an active currency", currency)
+	case !active:
+		f.fail(name, fmt.Sprintf("cannot be expressed in %s, which is no longer an active currency", currency))
 	case d.places() > exp && exp == 0:
-		return 0, fmt.Sprintf("cannot be expressed in %s, which has no decimal places", currency)
+		f.fail(name, fmt.Sprintf("cannot be expressed in %s, which has no decimal places", currency))
 	case d.places() > exp:
-		return 0, fmt.Sprintf("cannot be expressed in %s, which has at most %d decimal places", currency, exp)
+		f.fail(name, fmt.Sprintf("cannot be expressed in %s, which has at most %d decimal places", currency, exp))
+	case !fits:
+		f.fail(name, fmt.Sprintf("is above the maximum of %s %s", formatAmount(maxAmountMinor, currency), currency))
 	}
-	n, ok := d.scaled(exp, maxAmountMinor)
-	if !ok {
-		return 0, fmt.Sprintf("is above the maximum of %s %s", formatAmount(maxAmountMinor, currency), currency)
-	}
-	return n, ""
-}
-
-// formatAmount writes minor units of currency as decimal text with the
-// currency's decimal places: "19.90" USD, "500" JPY, "1.250" KWD. A code not in
-// the table is written with 2.
-func formatAmount(minor int64, currency string) string {
-	exp, ok := currencyExponents[currency]
-	if !ok {
-		exp = 2
-	}
-	return formatScaled(minor, exp)
-}
-
-// formatFee writes basis points as a percentage with two decimals: 250 -> "2.50".
-func formatFee(basisPoints int64) string { return formatScaled(basisPoints, 2) }
-
-func formatScaled(n int64, exp int) string {
-	sign, digits := "", strconv.FormatUint(uint64(n), 10)
-	if n < 0 {
-		sign, digits = "-", strconv.FormatUint(-uint64(n), 10)
-	}
-	if exp == 0 {
-		return sign + digits
-	}
-	if len(digits) <= exp {
-		digits = strings.Repeat("0", exp-len(digits)+1) + digits
-	}
-	return sign + digits[:len(digits)-exp] + "." + digits[len(digits)-exp:]
+	return n
 }
 
 // --- currencies ---
