@@ -136,7 +136,7 @@ func callAPI(client *http.Client, method, url, key, body string, headers ...stri
 	if err := json.Unmarshal(r.raw, &r.env); err != nil {
 		return r, fmt.Errorf("body is not the envelope: %v: %s", err, r.raw)
 	}
-	return r, nil
+	return r, conformsToDocument(method, resp.Request.URL, r.status, r.header, r.raw)
 }
 
 // want checks status, isSuccess and code together.
