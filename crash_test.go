@@ -113,18 +113,9 @@ type childServer struct {
 // startChild starts `paybuttons serve` on dbPath in a child process and returns
 // once it listens; it fails the test if the child exits or is not listening
 // within 30 s. The child is killed at the end of the test if still running.
-func startChild(t *testing.T, dbPath string) *childServer {
+func startChild(t *testing.T, dbPath string, args ...string) *childServer {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperServerProcess$", "--",
-		"serve", "-addr", "127.0.0.1:0", "-db", dbPath, "-rate", "0")
-	// The caller's PAYBUTTONS_ variables (a TLS certificate, say) must not
-	// reach the child.
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "PAYBUTTONS_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env, childEnv+"=1")
+	cmd := childCommand(append([]string{"serve", "-addr", "127.0.0.1:0", "-db", dbPath, "-rate", "0"}, args...)...)
 	c := &childServer{cmd: cmd, log: newServerLog(), done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = c.log, c.log
 	if err := cmd.Start(); err != nil {
@@ -149,6 +140,20 @@ func startChild(t *testing.T, dbPath string) *childServer {
 	c.url, _ = c.log.listening()
 	c.addr = strings.TrimPrefix(c.url, "http://")
 	return c
+}
+
+// childCommand runs the program with args as a child process: this test
+// binary again, as TestHelperServerProcess. The caller's PAYBUTTONS_
+// variables (a TLS certificate, say) do not reach it.
+func childCommand(args ...string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], append([]string{"-test.run=^TestHelperServerProcess$", "--"}, args...)...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "PAYBUTTONS_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, childEnv+"=1")
+	return cmd
 }
 
 // kill sends SIGKILL and waits for the process; it fails the test if the

@@ -59,9 +59,7 @@ func wantFreshAfterFault(t *testing.T, e *testEnv, body, key string) {
 // connection past busy_timeout: a create answers 503 and stores nothing,
 // reads still answer, and once the lock is gone creates succeed again.
 func TestBusyDatabaseAnswersUnavailable(t *testing.T) {
-	if testing.Short() {
-		t.Skip("waits out the 5 s busy timeout")
-	}
+	longTests(t) // waits out the 5 s busy timeout
 	t.Parallel()
 	e := newTestServer(t)
 	client := newTestClient()
@@ -161,6 +159,9 @@ func TestFullDiskAnswersUnavailable(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantUnavailable(t, "create on a full disk", r)
+	if !strings.Contains(r.env.Message, "disk is full") {
+		t.Errorf("got %q on a full disk, want it to say the disk is full", r.env.Message)
+	}
 	r, err = callAPI(client, "POST", e.url+"/product-payment/create", e.key, bigCreate, "Idempotency-Key", "full-create")
 	if err != nil {
 		t.Fatal(err)
@@ -182,23 +183,16 @@ func TestFullDiskAnswersUnavailable(t *testing.T) {
 	}
 
 	// One batch of updates that fit in the pages the file has, then creates
-	// that do not: SQLite answers the create's full disk by rolling back the
-	// whole transaction, updates included, so none of them may be answered 200
-	// unless it is stored. The writer is held so that every request queues
-	// behind it; a channel's waiting senders are served in order.
-	release, holding := make(chan struct{}), make(chan struct{})
-	go e.store.write(context.Background(), func(*writeTx) error {
-		close(holding)
-		<-release
-		return nil
-	})
-	<-holding
-	type outcome struct {
+	// that do not: the batch fails as a unit, so none of them may be answered
+	// 200 unless it is stored. The writer is held so that every request
+	// queues behind it; a channel's waiting senders are served in order.
+	release := holdWriter(e.store)
+	type result struct {
 		r   response
 		err error
 	}
-	creates := make([]outcome, 3)
-	updates := make([]outcome, len(ids)-1)
+	creates := make([]result, 3)
+	updates := make([]result, len(ids)-1)
 	var wg sync.WaitGroup
 	for i := range updates {
 		wg.Go(func() {
@@ -213,7 +207,7 @@ func TestFullDiskAnswersUnavailable(t *testing.T) {
 		wg.Go(func() { creates[i].r, creates[i].err = create() })
 	}
 	time.Sleep(200 * time.Millisecond)
-	close(release)
+	release()
 	wg.Wait()
 	applied := 0
 	for i, o := range creates {
@@ -254,48 +248,14 @@ func TestFullDiskAnswersUnavailable(t *testing.T) {
 	wantFreshAfterFault(t, e, bigCreate, "full-create")
 }
 
-// startRunServer runs the whole program in this process on a new database
-// and returns its address and the key it printed; the server stops at the
-// end of the test and must stop cleanly.
-func startRunServer(t *testing.T) (addr, key, dbPath string) {
-	t.Helper()
-	dbPath = filepath.Join(t.TempDir(), "run.db")
-	ctx, cancel := context.WithCancel(context.Background())
-	log := newServerLog()
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"paybuttons", "-addr", "127.0.0.1:0", "-db", dbPath, "-rate", "0"},
-			func(string) string { return "" }, io.Discard, log)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("run: %v", err)
-		}
-	})
-	select {
-	case <-log.ready:
-	case err := <-done:
-		t.Fatalf("run returned early: %v\n%s", err, log)
-	case <-time.After(20 * time.Second):
-		t.Fatalf("not listening after 20 s:\n%s", log)
-	}
-	url, key := log.listening()
-	if key == "" {
-		t.Fatalf("no key printed on a new database:\n%s", log)
-	}
-	return strings.TrimPrefix(url, "http://"), key, dbPath
-}
-
 // TestSlowHeaderSenderIsDropped sends request headers a byte every 200 ms:
 // the header timeout (5 s) closes the connection, while other clients are
 // served as usual.
 func TestSlowHeaderSenderIsDropped(t *testing.T) {
-	if testing.Short() {
-		t.Skip("waits out the 5 s header timeout")
-	}
+	longTests(t) // waits out the 5 s header timeout
 	t.Parallel()
-	addr, key, _ := startRunServer(t)
+	srv := startRun(t, "-db", filepath.Join(t.TempDir(), "slow.db"))
+	addr, key := strings.TrimPrefix(srv.url, "http://"), srv.mintedKey()
 	conn, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -356,7 +316,9 @@ func TestSlowHeaderSenderIsDropped(t *testing.T) {
 // connection without reading the rest.
 func TestHugeBodyIsRefusedUnread(t *testing.T) {
 	t.Parallel()
-	addr, key, dbPath := startRunServer(t)
+	dbPath := filepath.Join(t.TempDir(), "huge.db")
+	srv := startRun(t, "-db", dbPath)
+	addr, key := strings.TrimPrefix(srv.url, "http://"), srv.mintedKey()
 	const total = 10 << 20
 	for _, chunked := range []bool{false, true} {
 		name := map[bool]string{false: "content-length", true: "chunked"}[chunked]

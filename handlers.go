@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	_ "embed"
@@ -22,6 +23,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -63,18 +65,20 @@ type server struct {
 	providerName string
 	limiter      *rateLimiter // per API key
 	failures     *rateLimiter // failed authentications, per client address
-	goodKeys     sync.Map     // SHA-256 of keys that authenticated: exempt from the failure limit
+	goodKeys     sync.Map     // SHA-256 of live keys: exempt from the failure limit
+	keysLoaded   atomic.Int64 // when goodKeys was last loaded from the database, in Unix nanoseconds
 	inFlight     sync.Map     // account and Idempotency-Key of writes still running
 	metrics      *metrics     // nil when /metrics is off
-	stopping     chan struct{}
-	stopOnce     sync.Once
+	stopping     context.Context
+	stop         context.CancelFunc // answers every request waiting on the change feed at once
 }
 
 // newServer returns the whole HTTP API. Every response, the mux's own 404 and
 // 405 included, is the JSON envelope, but /openapi.json and /metrics.
 func newServer(st storage, log *slog.Logger, cfg config) *server {
 	s := &server{store: st, log: log, providerName: cfg.providerName, limiter: newRateLimiter(cfg.rate, cfg.burst),
-		failures: newRateLimiter(20, 100), stopping: make(chan struct{})}
+		failures: newRateLimiter(20, 100)}
+	s.stopping, s.stop = context.WithCancel(context.Background())
 	mux := http.NewServeMux()
 	mux.Handle("POST /product-payment/create", s.keyed(true, s.handleCreate))
 	mux.HandleFunc("GET /product-payment/get/{id}", s.handleGet) // checks the key in its own query
@@ -87,16 +91,12 @@ func newServer(st storage, log *slog.Logger, cfg config) *server {
 	mux.HandleFunc("GET /healthz", s.handleHealth)
 	mux.HandleFunc("GET /openapi.json", s.handleOpenAPI)
 	if cfg.metrics {
-		s.metrics = &metrics{requests: map[[2]string]int64{}, durations: map[string]*histogram{}}
+		s.metrics = &metrics{routes: map[string]*routeMetrics{}}
 		mux.HandleFunc("GET /metrics", s.handleMetrics)
 	}
 	s.Handler = s.withBasics(s.enveloped(mux))
 	return s
 }
-
-// stop answers every request waiting on the change feed at once; the
-// server's shutdown calls it.
-func (s *server) stop() { s.stopOnce.Do(func() { close(s.stopping) }) }
 
 // openAPIDocument is the API's OpenAPI 3.1 description, served as it is.
 //
@@ -127,11 +127,8 @@ func (s *server) handleCreate(w http.ResponseWriter, r *http.Request, who actor)
 		s.writeError(w, r, err)
 		return
 	}
-	s.respond(w, r, who, body, "created", func(who actor) (outcome, error) {
-		b, err := decodeCreate(body, s.providerName)
-		if err != nil {
-			return outcome{}, s.store.reject(r.Context(), who, err)
-		}
+	b, refusal := decodeCreate(body, s.providerName)
+	s.respond(w, r, who, body, "created", refusal, func(who actor) (outcome, error) {
 		return s.store.createButton(r.Context(), who, b)
 	})
 }
@@ -286,7 +283,7 @@ func (s *server) handleChanges(w http.ResponseWriter, r *http.Request, who actor
 		case <-changed:
 		case <-timer.C:
 		case <-r.Context().Done():
-		case <-s.stopping:
+		case <-s.stopping.Done():
 			deadline = time.Now()
 		}
 		timer.Stop()
@@ -306,15 +303,9 @@ func (s *server) handleUpdate(w http.ResponseWriter, r *http.Request, who actor)
 		s.writeError(w, r, err)
 		return
 	}
-	s.respond(w, r, who, body, "updated", func(who actor) (outcome, error) {
-		ifMatch, err := parseIfMatch(r.Header.Get("If-Match"))
-		if err != nil {
-			return outcome{}, s.store.reject(r.Context(), who, err)
-		}
-		apply, err := decodeUpdate(body)
-		if err != nil {
-			return outcome{}, s.store.reject(r.Context(), who, err)
-		}
+	ifMatch, refusal := parseIfMatch(r.Header.Get("If-Match"))
+	apply, bodyRefusal := decodeUpdate(body)
+	s.respond(w, r, who, body, "updated", cmp.Or(refusal, bodyRefusal), func(who actor) (outcome, error) {
 		return s.store.updateButton(r.Context(), who, r.PathValue("id"), ifMatch, apply)
 	})
 }
@@ -330,11 +321,8 @@ func (s *server) handleRestore(w http.ResponseWriter, r *http.Request, who actor
 // changeState runs delete or restore, whose only input besides the id is
 // If-Match; any body is ignored.
 func (s *server) changeState(w http.ResponseWriter, r *http.Request, who actor, to, message string) {
-	s.respond(w, r, who, nil, message, func(who actor) (outcome, error) {
-		ifMatch, err := parseIfMatch(r.Header.Get("If-Match"))
-		if err != nil {
-			return outcome{}, s.store.reject(r.Context(), who, err)
-		}
+	ifMatch, refusal := parseIfMatch(r.Header.Get("If-Match"))
+	s.respond(w, r, who, nil, message, refusal, func(who actor) (outcome, error) {
 		return s.store.setState(r.Context(), who, r.PathValue("id"), ifMatch, to)
 	})
 }
@@ -354,13 +342,17 @@ func parseIfMatch(header string) (int64, error) {
 }
 
 // respond runs op, the operation of a write request, and answers with its
-// outcome: message (or "unchanged") and the button's id on success. With an
-// Idempotency-Key, a repeat of a finished request gets the first answer again,
-// byte for byte; the same key with another request is a 422, and while the
-// first is still running a 409. The answer is rendered once and stored by op
-// with its change.
+// outcome: message (or "unchanged") and the button's id on success. A
+// refusal found before op (a body or header that breaks a rule) is the
+// answer instead. With an Idempotency-Key, a repeat of a finished request gets
+// the first answer again, byte for byte; the same key with another request is
+// a 422, and while the first is still running a 409. The answer is rendered
+// once and stored with the change, or with the refusal.
 func (s *server) respond(w http.ResponseWriter, r *http.Request, who actor, body []byte, message string,
-	op func(actor) (outcome, error)) {
+	refusal error, op func(actor) (outcome, error)) {
+	if refusal != nil {
+		op = func(who actor) (outcome, error) { return outcome{}, s.store.reject(r.Context(), who, refusal) }
+	}
 	render := func(out outcome, err error) storedResponse {
 		if err != nil {
 			status, env := errorEnvelope(err)
@@ -593,49 +585,60 @@ func (s *server) keyed(write bool, h func(w http.ResponseWriter, r *http.Request
 // else it names the key in the access line and lets the request go on.
 func (s *server) admit(w http.ResponseWriter, r *http.Request, write bool,
 	lookup func(ctx context.Context, secret string) (apiKey, error)) (apiKey, bool) {
-	secret := r.Header.Get("X-API-KEY")
-	hash := sha256.Sum256([]byte(secret))
-	_, known := s.goodKeys.Load(hash)
-	if !known {
-		host, _, _ := net.SplitHostPort(r.RemoteAddr)
-		if ok, wait := s.failures.allow(host, time.Now()); !ok {
-			s.refuse(w, r, wait, "too many requests without a valid API key from this address; retry later")
-			return apiKey{}, false
-		}
-	}
-	if secret == "" {
-		s.writeError(w, r, &apiError{code: "unauthorized", message: "the X-API-KEY header is required"})
-		return apiKey{}, false
-	}
-	key, err := lookup(r.Context(), secret)
-	switch {
-	case err != nil:
-		if err == errUnknownKey {
-			s.goodKeys.Delete(hash)
+	refuse := func(err error, wait time.Duration) (apiKey, bool) {
+		if wait > 0 { // a Retry-After of whole seconds, at least one
+			w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(wait.Seconds())))))
 		}
 		s.writeError(w, r, err)
 		return apiKey{}, false
-	case !known:
+	}
+	secret := r.Header.Get("X-API-KEY")
+	hash := sha256.Sum256([]byte(secret))
+	_, known := s.goodKeys.Load(hash)
+	if host, _, _ := net.SplitHostPort(r.RemoteAddr); !known {
+		if ok, wait := s.failures.allow(host, time.Now()); !ok && !s.isLiveKey(r.Context(), hash) {
+			return refuse(&apiError{code: "rate_limited",
+				message: "too many requests without a valid API key from this address; retry later"}, wait)
+		}
+	}
+	if secret == "" {
+		return refuse(&apiError{code: "unauthorized", message: "the X-API-KEY header is required"}, 0)
+	}
+	key, err := lookup(r.Context(), secret)
+	if err == errUnknownKey {
+		s.goodKeys.Delete(hash)
+	}
+	if err != nil {
+		return refuse(err, 0)
+	}
+	if !known {
 		s.goodKeys.Store(hash, true)
 	}
 	if info, _ := r.Context().Value(requestInfoKey{}).(*requestInfo); info != nil {
 		info.keyID = key.ID
 	}
 	if write && key.ReadOnly {
-		s.writeError(w, r, &apiError{code: "forbidden", message: "this API key is read-only"})
-		return apiKey{}, false
+		return refuse(&apiError{code: "forbidden", message: "this API key is read-only"}, 0)
 	}
 	if ok, wait := s.limiter.allow(key.ID, time.Now()); !ok {
-		s.refuse(w, r, wait, "too many requests for this API key; retry later")
-		return apiKey{}, false
+		return refuse(&apiError{code: "rate_limited", message: "too many requests for this API key; retry later"}, wait)
 	}
 	return key, true
 }
 
-// refuse answers 429 with a Retry-After of wait in whole seconds, at least one.
-func (s *server) refuse(w http.ResponseWriter, r *http.Request, wait time.Duration, message string) {
-	w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(wait.Seconds())))))
-	s.writeError(w, r, &apiError{code: "rate_limited", message: message})
+// isLiveKey reloads the hashes of the live keys, at most once a second, and
+// reports whether hash is one: a valid key that has not been used since the
+// server started still works from an address that floods it with bad ones.
+func (s *server) isLiveKey(ctx context.Context, hash [sha256.Size]byte) bool {
+	if last := s.keysLoaded.Load(); time.Since(time.Unix(0, last)) > time.Second &&
+		s.keysLoaded.CompareAndSwap(last, time.Now().UnixNano()) {
+		live, _ := s.store.liveKeys(ctx)
+		for _, h := range live {
+			s.goodKeys.Store(h, true)
+		}
+	}
+	_, live := s.goodKeys.Load(hash)
+	return live
 }
 
 // enveloped routes through mux, but answers what the mux would answer in plain
@@ -803,12 +806,16 @@ func (l *rateLimiter) allow(key string, t time.Time) (bool, time.Duration) {
 
 // --- metrics ---
 
-// metrics counts requests by route pattern and status, and their durations,
-// for /metrics. Labels never hold an account, a key or a button id.
+// metrics counts each route pattern's requests by status, and their
+// durations, for /metrics. Labels never hold an account, a key or a button id.
 type metrics struct {
-	mu        sync.Mutex
-	requests  map[[2]string]int64 // route, status -> requests
-	durations map[string]*histogram
+	mu     sync.Mutex
+	routes map[string]*routeMetrics
+}
+
+type routeMetrics struct {
+	statuses  map[int]int64
+	durations histogram
 }
 
 // durationBounds are the request duration histogram's buckets, in seconds.
@@ -818,16 +825,15 @@ func (m *metrics) observe(route string, status int, d time.Duration) {
 	if m == nil {
 		return
 	}
-	if route == "" {
-		route = "unmatched"
-	}
+	route = cmp.Or(route, "unmatched")
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.requests[[2]string{route, strconv.Itoa(status)}]++
-	if m.durations[route] == nil {
-		m.durations[route] = &histogram{bounds: durationBounds, counts: make([]int64, len(durationBounds)+1)}
+	if m.routes[route] == nil {
+		m.routes[route] = &routeMetrics{statuses: map[int]int64{},
+			durations: histogram{bounds: durationBounds, counts: make([]int64, len(durationBounds)+1)}}
 	}
-	m.durations[route].observe(d.Seconds())
+	m.routes[route].statuses[status]++
+	m.routes[route].durations.observe(d.Seconds())
 }
 
 // histogram counts observations into buckets: counts[i] those up to
@@ -865,30 +871,31 @@ func (h *histogram) write(w io.Writer, name, label string) {
 // handleMetrics answers in the Prometheus text exposition format.
 func (s *server) handleMetrics(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	commits, ops, batches, size := s.store.stats()
 	var out bytes.Buffer
-	m := s.metrics
-	m.mu.Lock()
-	fmt.Fprintln(&out, "# HELP paybuttons_http_requests_total Requests answered, by route pattern and status code.")
-	fmt.Fprintln(&out, "# TYPE paybuttons_http_requests_total counter")
-	for _, k := range slices.SortedFunc(maps.Keys(m.requests), func(a, b [2]string) int {
-		return strings.Compare(a[0]+" "+a[1], b[0]+" "+b[1])
-	}) {
-		fmt.Fprintf(&out, "paybuttons_http_requests_total{route=%q,code=%q} %d\n", k[0], k[1], m.requests[k])
+	series := func(name, kind, help string) {
+		fmt.Fprintf(&out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, kind)
 	}
-	fmt.Fprintln(&out, "# HELP paybuttons_http_request_duration_seconds Time to answer a request, by route pattern.")
-	fmt.Fprintln(&out, "# TYPE paybuttons_http_request_duration_seconds histogram")
-	for _, route := range slices.Sorted(maps.Keys(m.durations)) {
-		m.durations[route].write(&out, "paybuttons_http_request_duration_seconds", fmt.Sprintf("route=%q", route))
+	s.metrics.mu.Lock()
+	routes := slices.Sorted(maps.Keys(s.metrics.routes))
+	series("paybuttons_http_requests_total", "counter", "Requests answered, by route pattern and status code.")
+	for _, route := range routes {
+		statuses := s.metrics.routes[route].statuses
+		for _, status := range slices.Sorted(maps.Keys(statuses)) {
+			fmt.Fprintf(&out, "paybuttons_http_requests_total{route=%q,code=\"%d\"} %d\n", route, status, statuses[status])
+		}
 	}
-	m.mu.Unlock()
-	fmt.Fprintf(&out, "# HELP paybuttons_db_commits_total Transactions the writer committed.\n"+
-		"# TYPE paybuttons_db_commits_total counter\npaybuttons_db_commits_total %d\n", commits)
-	fmt.Fprintln(&out, "# HELP paybuttons_db_batch_size Writes committed together in one transaction.")
-	fmt.Fprintln(&out, "# TYPE paybuttons_db_batch_size histogram")
-	batchSizes := &histogram{bounds: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256}, counts: append(batches, 0), sum: float64(ops)}
-	batchSizes.write(&out, "paybuttons_db_batch_size", "")
-	fmt.Fprintf(&out, "# HELP paybuttons_db_size_bytes Size of the database file.\n"+
-		"# TYPE paybuttons_db_size_bytes gauge\npaybuttons_db_size_bytes %d\n", size)
+	series("paybuttons_http_request_duration_seconds", "histogram", "Time to answer a request, by route pattern.")
+	for _, route := range routes {
+		s.metrics.routes[route].durations.write(&out, "paybuttons_http_request_duration_seconds", fmt.Sprintf("route=%q", route))
+	}
+	s.metrics.mu.Unlock()
+	commits, ops, batches, size := s.store.stats()
+	series("paybuttons_db_commits_total", "counter", "Transactions the writer committed.")
+	fmt.Fprintf(&out, "paybuttons_db_commits_total %d\n", commits)
+	series("paybuttons_db_batch_size", "histogram", "Writes committed together in one transaction.")
+	sizes := histogram{bounds: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256}, counts: append(batches, 0), sum: float64(ops)}
+	sizes.write(&out, "paybuttons_db_batch_size", "")
+	series("paybuttons_db_size_bytes", "gauge", "Size of the database file.")
+	fmt.Fprintf(&out, "paybuttons_db_size_bytes %d\n", size)
 	w.Write(out.Bytes())
 }

@@ -211,18 +211,13 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	srv.RegisterOnShutdown(api.stop)
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	served := make(chan error, 1)
-	scheme := "http"
+	served, scheme := make(chan error, 1), "http"
 	if *tlsCert != "" {
 		scheme = "https"
+		go func() { served <- srv.ServeTLS(ln, *tlsCert, *tlsKey) }()
+	} else {
+		go func() { served <- srv.Serve(ln) }()
 	}
-	go func() {
-		if *tlsCert != "" {
-			served <- srv.ServeTLS(ln, *tlsCert, *tlsKey)
-		} else {
-			served <- srv.Serve(ln)
-		}
-	}()
 	logger.Info("listening", "url", scheme+"://"+ln.Addr().String(), "db", dbPath, "version", version())
 
 	select {
@@ -346,10 +341,11 @@ func keys(ctx context.Context, command string, args []string, getenv func(string
 		if err != nil {
 			return err
 		}
+		orNever := func(t timestamp) string { return map[bool]string{true: "never", false: t.String()}[t.IsZero()] }
 		for _, k := range all {
-			scope := map[bool]string{false: "read-write", true: "read-only"}[k.ReadOnly]
-			fmt.Fprintf(stdout, "%s\t%s\t%s\tcreated %s\tlast used %s\trevoked %s\n",
-				k.ID, k.Account, scope, k.CreatedAt, orNever(k.LastUsedAt), orNever(k.RevokedAt))
+			fmt.Fprintf(stdout, "%s\t%s\t%s\tcreated %s\tlast used %s\trevoked %s\n", k.ID, k.Account,
+				map[bool]string{false: "read-write", true: "read-only"}[k.ReadOnly], k.CreatedAt,
+				orNever(k.LastUsedAt), orNever(k.RevokedAt))
 		}
 	case "revoke":
 		if err := st.revokeKey(ctx, fs.Arg(0)); errors.Is(err, errNotFound) {
@@ -361,12 +357,6 @@ func keys(ctx context.Context, command string, args []string, getenv func(string
 	return st.close()
 }
 
-func orNever(t timestamp) string {
-	if t.IsZero() {
-		return "never"
-	}
-	return t.String()
-}
 
 // fileCommand runs `backup [-db FILE] DEST_FILE`, a consistent copy of the
 // database taken while servers keep using it, or `check [-db FILE]`, which
@@ -389,11 +379,11 @@ func fileCommand(ctx context.Context, command string, args []string, getenv func
 		return nil
 	}
 	report, err := integrityCheck(ctx, dbPath)
+	if err == nil {
+		fmt.Fprintln(stdout, report)
+	}
 	if err == nil && report != "ok" {
-		fmt.Fprintln(stdout, report)
 		err = fmt.Errorf("database %q is damaged: restore it from a backup", dbPath)
-	} else if err == nil {
-		fmt.Fprintln(stdout, report)
 	}
 	return err
 }

@@ -309,6 +309,11 @@ func TestIdempotentReplay(t *testing.T) {
 	other.want(t, 422, "idempotency_mismatch")
 	otherPath := e.do("POST", "/product-payment/update/"+first.dataString(), e.key, body, "Idempotency-Key", "order-1")
 	otherPath.want(t, 422, "idempotency_mismatch")
+	// If-Match is part of the request: a retry with a corrected one needs a new key.
+	e.do("DELETE", "/product-payment/delete/"+first.dataString(), e.key, "", "If-Match", `"7"`, "Idempotency-Key", "del").
+		want(t, 412, "precondition_failed")
+	e.do("DELETE", "/product-payment/delete/"+first.dataString(), e.key, "", "If-Match", `"1"`, "Idempotency-Key", "del").
+		want(t, 422, "idempotency_mismatch")
 
 	// Keys are per account: the same key from another account is a new request.
 	e.do("POST", "/product-payment/create", e.keyB, body, "Idempotency-Key", "order-1").want(t, 200, "")
@@ -327,8 +332,8 @@ func TestIdempotentReplay(t *testing.T) {
 	// Answers given before the operation runs are not kept.
 	e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", "ct-1", "Content-Type", "text/plain").want(t, 415, "unsupported_media_type")
 	e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", "ct-1").want(t, 200, "")
-	if n := e.storedAnswers("acme"); n != 3 {
-		t.Errorf("got %d stored answers for acme, want 3 (order-1, bad-1, ct-1)", n)
+	if n := e.storedAnswers("acme"); n != 4 {
+		t.Errorf("got %d stored answers for acme, want 4 (order-1, del, bad-1, ct-1)", n)
 	}
 	e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", "").want(t, 400, "invalid_request")
 	e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", strings.Repeat("k", 256)).want(t, 400, "invalid_request")

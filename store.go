@@ -28,6 +28,7 @@ import (
 // outcome is an *apiError (not_found, wrong_state, ...); any other error is a fault.
 type storage interface {
 	authenticate(ctx context.Context, secret string) (apiKey, error)                 // or errUnknownKey
+	liveKeys(ctx context.Context) ([][sha256.Size]byte, error)                       // the hashes of the keys not revoked
 	getButtonWithKey(ctx context.Context, secret, id string) (apiKey, button, error) // one query for both
 	listButtons(ctx context.Context, account string, f listFilter) (page []button, scanEnd string, err error)
 	buttonHistory(ctx context.Context, account, id string, after, limit int64) ([]historyEntry, int64, error)
@@ -194,8 +195,8 @@ type store struct {
 	watchMu  sync.Mutex
 	watchers map[string]chan struct{} // account -> closed at its next committed change
 
-	commits, ops atomic.Int64
-	batches      [9]atomic.Int64 // commits of up to 1, 2, 4, ... 256 writes
+	ops     atomic.Int64    // writes committed
+	batches [9]atomic.Int64 // commits of up to 1, 2, 4, ... 256 writes
 }
 
 // statements prepares each SQL text once on db and keeps it: SQLite would
@@ -446,22 +447,31 @@ var migrations = []string{
 	PRAGMA application_id = 1885500788;`,
 }
 
-// migrate brings the schema up to date. It refuses a file that is not a
-// database, another program's (tables without our application_id, unless an
-// earlier paybuttons made them; Litestream's own tables are fine) and one
-// whose schema is newer than this binary.
-func migrate(conn *sql.Conn) error {
-	ctx := context.Background()
+// ownVersion returns the schema version of a paybuttons database: one with
+// our application_id, an earlier paybuttons' (our tables, without it), or an
+// empty one (Litestream's tables aside). Another program's file is an error.
+func ownVersion(ctx context.Context, db interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}) (int, error) {
 	var owner, version, tables, ours int
-	err := conn.QueryRowContext(ctx, `SELECT (SELECT application_id FROM pragma_application_id),
+	err := db.QueryRowContext(ctx, `SELECT (SELECT application_id FROM pragma_application_id),
 		(SELECT user_version FROM pragma_user_version),
 		(SELECT count(*) FROM sqlite_master WHERE name NOT LIKE '\_litestream%' ESCAPE '\'),
 		(SELECT count(*) FROM sqlite_master WHERE name = 'api_keys')`).Scan(&owner, &version, &tables, &ours)
+	if err == nil && owner != applicationID && !(owner == 0 && (tables == 0 || version > 0 && ours == 1)) {
+		err = errors.New("is not a paybuttons database (another program's SQLite file)")
+	}
+	return version, describeOpenError(err)
+}
+
+// migrate brings the schema of a paybuttons database up to date; a schema
+// newer than this binary's is an error.
+func migrate(conn *sql.Conn) error {
+	ctx := context.Background()
+	version, err := ownVersion(ctx, conn)
 	switch {
 	case err != nil:
-		return describeOpenError(err)
-	case owner != applicationID && !(owner == 0 && (tables == 0 || version > 0 && ours == 1)):
-		return errors.New("is not a paybuttons database (another program's SQLite file)")
+		return err
 	case version > len(migrations):
 		return fmt.Errorf("schema version %d is newer than this paybuttons knows (%d)", version, len(migrations))
 	}
@@ -603,7 +613,6 @@ func (s *store) commit(batch []writeOp) error {
 		return classify(err)
 	}
 	tx.committed = tx.seq
-	s.commits.Add(1)
 	s.ops.Add(int64(len(batch)))
 	s.batches[bits.Len(uint(len(batch)-1))].Add(1)
 	s.watchMu.Lock()
@@ -655,12 +664,12 @@ func (s *store) ping(ctx context.Context) error {
 
 func (s *store) stats() (commits, ops int64, batches []int64, size int64) {
 	for i := range s.batches {
-		batches = append(batches, s.batches[i].Load())
+		batches, commits = append(batches, s.batches[i].Load()), commits+s.batches[i].Load()
 	}
 	if info, err := os.Stat(s.path); err == nil {
 		size = info.Size()
 	}
-	return s.commits.Load(), s.ops.Load(), batches, size
+	return commits, s.ops.Load(), batches, size
 }
 
 // claimServer makes this process the one server of the database at path
@@ -811,6 +820,23 @@ func (s *store) authenticate(ctx context.Context, secret string) (apiKey, error)
 		s.noteKeyUsed(k.ID)
 	}
 	return k, classify(err)
+}
+
+func (s *store) liveKeys(ctx context.Context) ([][sha256.Size]byte, error) {
+	rows, err := s.reads.query(ctx, `SELECT secret_hash FROM api_keys WHERE revoked_at IS NULL`)
+	if err != nil {
+		return nil, classify(err)
+	}
+	defer rows.Close()
+	var hashes [][sha256.Size]byte
+	for rows.Next() {
+		var hash []byte
+		if err := rows.Scan(&hash); err != nil {
+			return nil, err
+		}
+		hashes = append(hashes, [sha256.Size]byte(hash))
+	}
+	return hashes, rows.Err()
 }
 
 // noteKeyUsed records a key's last use at most once a minute, in the
@@ -1153,10 +1179,8 @@ func openOwn(ctx context.Context, path string) (*sql.DB, error) {
 		return nil, fmt.Errorf("no database at %q", path)
 	}
 	db, _ := sql.Open("sqlite", path+"?_pragma=busy_timeout(5000)")
-	var owner, version int
-	err := db.QueryRowContext(ctx, `SELECT (SELECT application_id FROM pragma_application_id),
-		(SELECT user_version FROM pragma_user_version)`).Scan(&owner, &version)
-	if err == nil && owner != applicationID && !(owner == 0 && version > 0) {
+	version, err := ownVersion(ctx, db)
+	if err == nil && version == 0 {
 		err = errors.New("is not a paybuttons database")
 	}
 	if err != nil {

@@ -130,13 +130,11 @@ func decodeCreate(body []byte, providerName string) (button, error) {
 	return b, invalid(f.problems)
 }
 
-// decodeUpdate reads an update body, checking each field on its own, and
-// returns apply, which checks the change against the stored button and makes
-// it: the amount in the currency the button will have (a new currency
-// without a new amount re-expresses the stored amount), the fee only on a
-// StripeConnect button, metadata merged key by key. Both fail with
-// invalid_request (apply then leaves the button as it was); a body that names
-// no field is {"body": "has no field to update"}.
+// decodeUpdate checks each field of an update body on its own and returns
+// apply, which checks the change against the stored button and makes it:
+// the amount in the currency the button will have (a new currency without a
+// new amount re-expresses the stored one), the fee only on a StripeConnect
+// button, metadata merged key by key. Both fail with invalid_request.
 func decodeUpdate(body []byte) (apply func(*button) error, err error) {
 	f, err := readObject(body, slices.Concat(updateFields, fixedFields))
 	if err != nil {
@@ -255,10 +253,8 @@ func readObject(body []byte, known []string) (*fields, error) {
 // unknownName is the problem for a field or query parameter not in known,
 // suggesting the known name it matches ignoring case.
 func unknownName(kind, name string, known []string) string {
-	for _, k := range known {
-		if strings.EqualFold(name, k) {
-			return fmt.Sprintf("unknown %s; did you mean %q?", kind, k)
-		}
+	if i := slices.IndexFunc(known, func(k string) bool { return strings.EqualFold(name, k) }); i >= 0 {
+		return fmt.Sprintf("unknown %s; did you mean %q?", kind, known[i])
 	}
 	return "unknown " + kind
 }
@@ -297,24 +293,20 @@ func (f *fields) str(name string, required bool) (string, bool) {
 // number whose text is read as is (never through float64); false when it has
 // none or it is not a plain decimal.
 func (f *fields) number(name string, required bool) (decimal, bool) {
-	v, ok := f.get(name, required)
-	var text string
-	switch v := v.(type) {
-	case nil:
-		return decimal{}, false
-	case string:
-		text = v
-	case json.Number:
-		text = v.String()
-	default:
-		f.fail(name, "must be a string or a number")
-		return decimal{}, false
+	v, _ := f.get(name, required)
+	text, isString := v.(string)
+	if n, isNumber := v.(json.Number); isNumber {
+		text, isString = n.String(), true
 	}
 	d, ok := parseDecimal(text)
-	if !ok {
+	switch {
+	case v == nil:
+	case !isString:
+		f.fail(name, "must be a string or a number")
+	case !ok:
 		f.fail(name, `must be a plain decimal number such as "12.50" (no sign, exponent or spaces)`)
 	}
-	return d, ok
+	return d, ok && isString
 }
 
 // oneOf returns name's string when it is exactly one of allowed; false when it
@@ -324,13 +316,11 @@ func (f *fields) oneOf(name string, allowed ...string) (string, bool) {
 	if !ok || slices.Contains(allowed, s) {
 		return s, ok
 	}
-	for _, a := range allowed {
-		if strings.EqualFold(s, a) {
-			f.fail(name, fmt.Sprintf("must be exactly %q", a))
-			return "", false
-		}
+	if i := slices.IndexFunc(allowed, func(a string) bool { return strings.EqualFold(s, a) }); i >= 0 {
+		f.fail(name, fmt.Sprintf("must be exactly %q", allowed[i]))
+	} else {
+		f.fail(name, "must be one of "+quoted(allowed))
 	}
-	f.fail(name, "must be one of "+quoted(allowed))
 	return "", false
 }
 

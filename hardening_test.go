@@ -1,0 +1,226 @@
+package main
+
+// What an attacker and a careless operator found (the hardening issue), each
+// reproduced with real processes and files.
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Removing the -wal file under a running server would lose every write
+// acknowledged after it: writes and /healthz answer 503 with an ERROR line
+// saying to stop with SIGTERM, whose checkpoint then saves what was written.
+func TestRemovedWALRefusesWritesAndSIGTERMSavesThem(t *testing.T) {
+	dbPath := filepath.Join(t.TempDir(), "wal.db")
+	key := mintKeyCLI(t, dbPath, "acme")
+	child := startChild(t, dbPath)
+	client := newTestClient()
+	saved, err := callAPI(client, "POST", child.url+"/product-payment/create", key, createBody(nil))
+	if err != nil || saved.status != 200 {
+		t.Fatalf("create: got %v (%v)", saved.status, err)
+	}
+	if err := os.Remove(dbPath + "-wal"); err != nil {
+		t.Fatal(err)
+	}
+	r, err := callAPI(client, "POST", child.url+"/product-payment/create", key, createBody(nil))
+	if err != nil || r.status != 503 || r.env.Code != "unavailable" {
+		t.Errorf("create after the WAL was removed: got %v %s (%v), want 503", r.status, r.raw, err)
+	}
+	if r, err := callAPI(client, "GET", child.url+"/healthz", "", ""); err != nil || r.status != 503 {
+		t.Errorf("healthz after the WAL was removed: got %v (%v), want 503", r.status, err)
+	}
+	child.cmd.Process.Signal(syscall.SIGTERM)
+	<-child.done
+	if logs := child.log.String(); !strings.Contains(logs, "level=ERROR") || !strings.Contains(logs, "SIGTERM") {
+		t.Errorf("got logs without an ERROR line saying to stop with SIGTERM:\n%s", logs)
+	}
+	st, err := openStore(dbPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.close()
+	if _, err := scanButton(st.reader.QueryRow(`SELECT `+selectButton+` FROM buttons WHERE id = ?`, saved.dataString())); err != nil {
+		t.Errorf("the create acknowledged before the WAL was removed is gone after SIGTERM and a restart: %v", err)
+	}
+}
+
+// Failed authentication is limited per client address, without a database
+// query past the limit, while a valid key keeps working from that address;
+// connections past -max-conns are closed at once.
+func TestFailedAuthenticationAndConnectionsAreLimited(t *testing.T) {
+	e := newTestServer(t)
+	statuses := map[int]int{}
+	for i := range 150 {
+		statuses[e.do("GET", "/product-payment/list", fmt.Sprint("pbk_wrong", i), "").status]++
+	}
+	r := e.do("GET", "/product-payment/list", "", "")
+	if statuses[401] < 100 || statuses[429] < 20 || r.status != 429 || r.header.Get("Retry-After") == "" {
+		t.Errorf("150 unknown keys, then none: got %v and %d, want a burst of 401s, then 429 with Retry-After", statuses, r.status)
+	}
+	e.do("GET", "/product-payment/list", e.key, "").want(t, 200, "") // the same address, a valid key
+
+	srv := startRun(t, "-db", filepath.Join(t.TempDir(), "conns.db"), "-max-conns", "2")
+	addr := strings.TrimPrefix(srv.url, "http://")
+	var open []net.Conn
+	for range 3 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		open = append(open, c)
+	}
+	open[2].SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := open[2].Read(make([]byte, 1)); n != 0 || err == nil || os.IsTimeout(err) {
+		t.Errorf("a third connection with -max-conns 2: got %d bytes, %v, want it closed at once", n, err)
+	}
+	open[0].Close()
+	time.Sleep(100 * time.Millisecond) // the server sees the close
+	if resp, err := http.Get(srv.url + "/healthz"); err != nil || resp.StatusCode != 200 {
+		t.Errorf("after a connection closed: got %v (%v), want a new one served", resp, err)
+	}
+}
+
+// An update whose every value equals what is stored changes nothing: not the
+// version, not updatedAt, not changeSeq, no history.
+func TestUnchangedUpdate(t *testing.T) {
+	e := newTestServer(t)
+	id := e.create(e.key, createBody(map[string]any{"description": nil, "metadata": map[string]any{"k": "v"}}))
+	before := e.mustStored("acme", id)
+	for _, body := range []string{`{"description":null}`, `{"productName":"Pro plan","amount":"19.9"}`,
+		`{"currency":"usd","metadata":{"k":"v","gone":null}}`} {
+		r := e.do("POST", "/product-payment/update/"+id, e.key, body, "If-Match", `"1"`, "Idempotency-Key", body)
+		r.want(t, 200, "")
+		if r.env.Message != "unchanged" {
+			t.Errorf("%s: got message %q, want unchanged", r.request, r.env.Message)
+		}
+		if again := e.do("POST", "/product-payment/update/"+id, e.key, body, "If-Match", `"1"`, "Idempotency-Key", body); again.env.Message != "unchanged" {
+			t.Errorf("%s replayed: got %s", r.request, again.raw)
+		}
+	}
+	after := e.mustStored("acme", id)
+	if after.Version != 1 || after.UpdatedAt != before.UpdatedAt || after.ChangeSeq != before.ChangeSeq ||
+		e.count(`SELECT count(*) FROM button_history`) != 0 {
+		t.Errorf("got version %d updatedAt %v changeSeq %d, want all as before and no history", after.Version, after.UpdatedAt, after.ChangeSeq)
+	}
+}
+
+// A SQLite file that is not ours is refused, one with Litestream's tables or
+// an earlier paybuttons' is adopted; check says what integrity_check says.
+func TestForeignAndDamagedFiles(t *testing.T) {
+	dir := t.TempDir()
+	file := func(name, schema string) string {
+		path := filepath.Join(dir, name)
+		db, _ := sql.Open("sqlite", path)
+		defer db.Close()
+		if _, err := db.Exec(schema); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	foreign := file("foreign.db", `CREATE TABLE notes (body TEXT)`)
+	if _, err := runCLI(t, nil, "keys", "create", "-account", "a", "-db", foreign); err == nil || !strings.Contains(err.Error(), "not a paybuttons database") {
+		t.Errorf("keys create on another program's file: got %v, want a refusal", err)
+	}
+	if out, err := runCLI(t, nil, "-db", foreign, "-addr", "127.0.0.1:0"); err == nil || exitStatus(err) != 1 {
+		t.Errorf("serve on another program's file: got %q %v, want exit status 1", out, err)
+	}
+	litestream := file("litestream.db", `CREATE TABLE _litestream_seq (id INTEGER PRIMARY KEY, seq INTEGER)`)
+	if _, err := runCLI(t, nil, "keys", "create", "-account", "a", "-db", litestream); err != nil {
+		t.Errorf("keys create on a file with Litestream's table only: %v", err)
+	}
+	earlier := file("earlier.db", migrations[0]+";"+migrations[1]+"; PRAGMA user_version = 2")
+	if _, err := runCLI(t, nil, "keys", "create", "-account", "a", "-db", earlier); err != nil {
+		t.Errorf("keys create on an earlier paybuttons' file: %v", err)
+	}
+	var owner int
+	db, _ := sql.Open("sqlite", earlier)
+	db.QueryRow(`PRAGMA application_id`).Scan(&owner)
+	db.Close()
+	if owner != applicationID {
+		t.Errorf("the earlier file after migrating: got application_id %#x, want %#x", owner, applicationID)
+	}
+
+	if out, err := runCLI(t, nil, "check", "-db", earlier); out != "ok\n" || err != nil {
+		t.Errorf("check of a sound file: got %q %v, want ok", out, err)
+	}
+	data, _ := os.ReadFile(earlier)
+	for i := 4096; i < 4096+512; i++ { // page 2's header and cells: a table's root
+		data[i] ^= 0x5a
+	}
+	os.WriteFile(earlier, data, 0o600)
+	if out, err := runCLI(t, nil, "check", "-db", earlier); out == "ok\n" || err == nil || exitStatus(err) != 1 {
+		t.Errorf("check of a damaged file: got %q %v, want what is wrong and exit status 1", out, err)
+	}
+}
+
+// healthz reads every table it serves from: one gone is a 503.
+func TestHealthzReadsEveryTable(t *testing.T) {
+	for _, table := range []string{"api_keys", "buttons", "button_history", "idempotency_keys", "change_counter"} {
+		e := newTestServer(t)
+		e.do("GET", "/healthz", "", "").want(t, 200, "")
+		db, _ := sql.Open("sqlite", e.dbPath)
+		if _, err := db.Exec("DROP TABLE " + table); err != nil {
+			t.Fatal(err)
+		}
+		db.Close()
+		e.do("GET", "/healthz", "", "").want(t, 503, "unavailable")
+	}
+}
+
+// A backup killed halfway leaves nothing at its destination.
+func TestKilledBackupLeavesNoHalfFile(t *testing.T) {
+	e := newTestServer(t)
+	e.store.write(context.Background(), func(tx *writeTx) error {
+		for i := range 20000 {
+			if _, err := tx.exec(`INSERT INTO idempotency_keys VALUES ('acme', ?, x'00', 200, randomblob(1000), '2099')`,
+				fmt.Sprint(i)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	dest := filepath.Join(t.TempDir(), "copy.db")
+	cmd := childCommand("backup", "-db", e.dbPath, dest)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for _, err := os.Stat(dest + ".partial"); err != nil; _, err = os.Stat(dest + ".partial") {
+		time.Sleep(time.Millisecond) // until the copy is under way
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	if _, err := os.Stat(dest); err == nil {
+		t.Fatal("a killed backup left a file at its destination")
+	}
+	if _, err := runCLI(t, nil, "backup", "-db", e.dbPath, dest); err != nil {
+		t.Errorf("the next backup: %v", err)
+	}
+}
+
+// A client that goes away is not an internal error: no ERROR line, status 499.
+func TestClientGoneIsNotAnError(t *testing.T) {
+	srv := startRun(t, "-db", filepath.Join(t.TempDir(), "gone.db"))
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", srv.url+"/product-payment/changes?since=9&wait=5", nil)
+	req.Header.Set("X-API-KEY", srv.mintedKey())
+	if _, err := http.DefaultClient.Do(req); err == nil {
+		t.Fatal("the request outlived its context")
+	}
+	time.Sleep(200 * time.Millisecond) // the server notices the closed connection
+	srv.stop()
+	if logs := srv.stderr.String(); strings.Contains(logs, "level=ERROR") || !strings.Contains(logs, "status=499") {
+		t.Errorf("got logs with an ERROR or without status=499:\n%s", logs)
+	}
+}
