@@ -375,10 +375,10 @@ func TestMetrics(t *testing.T) {
 		series[m[1]+m[2]] = value
 	}
 	for name, want := range map[string]float64{
-		`paybuttons_http_requests_total{route="POST /product-payment/create",code="200"}`:                 1,
-		`paybuttons_http_requests_total{route="GET /product-payment/get/{id}",code="200"}`:                1,
-		`paybuttons_http_requests_total{route="unmatched",code="404"}`:                                    1,
-		`paybuttons_http_request_duration_seconds_count{route="GET /product-payment/get/{id}"}`:           1,
+		`paybuttons_http_requests_total{route="POST /product-payment/create",code="200"}`:                  1,
+		`paybuttons_http_requests_total{route="GET /product-payment/get/{id}",code="200"}`:                 1,
+		`paybuttons_http_requests_total{route="unmatched",code="404"}`:                                     1,
+		`paybuttons_http_request_duration_seconds_count{route="GET /product-payment/get/{id}"}`:            1,
 		`paybuttons_http_request_duration_seconds_bucket{route="GET /product-payment/get/{id}",le="+Inf"}`: 1,
 	} {
 		if series[name] != want {

@@ -357,7 +357,6 @@ func keys(ctx context.Context, command string, args []string, getenv func(string
 	return st.close()
 }
 
-
 // fileCommand runs `backup [-db FILE] DEST_FILE`, a consistent copy of the
 // database taken while servers keep using it, or `check [-db FILE]`, which
 // says "ok" or what is damaged (then exit status 1).
