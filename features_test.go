@@ -188,6 +188,7 @@ func TestChangeFeed(t *testing.T) {
 }
 
 func TestChangeFeedWaits(t *testing.T) {
+	t.Parallel()
 	e := newTestServer(t)
 	_, _, _, next := e.feed(e.key, "")
 	type answer struct {
@@ -228,6 +229,7 @@ func TestChangeFeedWaits(t *testing.T) {
 }
 
 func TestShutdownAnswersWaitingRequests(t *testing.T) {
+	t.Parallel()
 	srv := startRun(t, "-db", filepath.Join(t.TempDir(), "wait.db"))
 	done := make(chan response, 1)
 	go func() {
@@ -291,6 +293,7 @@ func TestHistoryPages(t *testing.T) {
 // serving; keys and backup still work beside it; after a kill -9 the next
 // server starts without anything to clean up.
 func TestOneServerPerDatabaseFile(t *testing.T) {
+	t.Parallel()
 	dbPath := filepath.Join(t.TempDir(), "one.db")
 	key := mintKeyCLI(t, dbPath, "acme")
 	first := startChild(t, dbPath)

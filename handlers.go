@@ -73,8 +73,8 @@ type server struct {
 	stop         context.CancelFunc // answers every request waiting on the change feed at once
 }
 
-// newServer returns the whole HTTP API. Every response, the mux's own 404 and
-// 405 included, is the JSON envelope, but /openapi.json and /metrics.
+// newServer returns the whole HTTP API. Every response, the mux's own 404 and 405 included, is the JSON envelope,
+// but /openapi.json and /metrics.
 func newServer(st storage, log *slog.Logger, cfg config) *server {
 	s := &server{store: st, log: log, providerName: cfg.providerName, limiter: newRateLimiter(cfg.rate, cfg.burst),
 		failures: newRateLimiter(20, 100)}
@@ -86,8 +86,8 @@ func newServer(st storage, log *slog.Logger, cfg config) *server {
 	mux.Handle("GET /product-payment/history/{id}", s.keyed(false, s.handleHistory))
 	mux.Handle("GET /product-payment/changes", s.keyed(false, s.handleChanges))
 	mux.Handle("POST /product-payment/update/{id}", s.keyed(true, s.handleUpdate))
-	mux.Handle("DELETE /product-payment/delete/{id}", s.keyed(true, s.handleDelete))
-	mux.Handle("POST /product-payment/restore/{id}", s.keyed(true, s.handleRestore))
+	mux.Handle("DELETE /product-payment/delete/{id}", s.keyed(true, s.changeState(stateDeleted, "deleted")))
+	mux.Handle("POST /product-payment/restore/{id}", s.keyed(true, s.changeState(stateActive, "restored")))
 	mux.HandleFunc("GET /healthz", s.handleHealth)
 	mux.HandleFunc("GET /openapi.json", s.handleOpenAPI)
 	if cfg.metrics {
@@ -107,8 +107,7 @@ func (s *server) handleOpenAPI(w http.ResponseWriter, r *http.Request) {
 	w.Write(openAPIDocument)
 }
 
-// handleHealth answers 200 when the database answers, 503 when it does not or
-// refuses writes.
+// handleHealth answers 200 when the database answers, 503 when it does not or refuses writes.
 func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
@@ -150,8 +149,7 @@ func (s *server) handleGet(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// page is the data of every answer that lists: the items, whether more
-// follow, and the cursor that asks for them.
+// page is the data of every answer that lists: the items, whether more follow, and the cursor that asks for them.
 type page[T, C any] struct {
 	Items   []T  `json:"items"`
 	HasMore bool `json:"hasMore"`
@@ -233,9 +231,8 @@ func (s *server) handleHistory(w http.ResponseWriter, r *http.Request, who actor
 	s.writeJSON(w, r, http.StatusOK, envelope{IsSuccess: true, Data: data, Message: "ok"})
 }
 
-// auditedFields are a button's fields as get renders them, the ones history
-// reports changes of (version and times change every time, so they are left
-// out), each metadata key on its own as "metadata.KEY".
+// auditedFields are a button's fields as get renders them, the ones history reports changes of (version and times
+// change every time, so they are left out), each metadata key on its own as "metadata.KEY".
 func auditedFields(b button) map[string]any {
 	v := viewOf(b)
 	orNull := func(s *string) any {
@@ -253,11 +250,9 @@ func auditedFields(b button) map[string]any {
 	return fields
 }
 
-// handleChanges answers the change feed: the account's buttons changed after
-// since, each once, as it is now, in the order of their last change. With
-// wait, a request that finds nothing holds, on no connection and with no
-// polling, until the writer commits a change of this account, the wait ends,
-// or the server shuts down.
+// handleChanges answers the change feed: the account's buttons changed after since, each once, as it is now, in the
+// order of their last change. With wait, a request that finds nothing holds, on no connection and with no polling,
+// until the writer commits a change of this account, the wait ends, or the server shuts down.
 func (s *server) handleChanges(w http.ResponseWriter, r *http.Request, who actor) {
 	since, limit, wait, err := decodeChangesQuery(r.URL.RawQuery)
 	if err != nil {
@@ -310,25 +305,19 @@ func (s *server) handleUpdate(w http.ResponseWriter, r *http.Request, who actor)
 	})
 }
 
-func (s *server) handleDelete(w http.ResponseWriter, r *http.Request, who actor) {
-	s.changeState(w, r, who, stateDeleted, "deleted")
-}
-
-func (s *server) handleRestore(w http.ResponseWriter, r *http.Request, who actor) {
-	s.changeState(w, r, who, stateActive, "restored")
-}
-
-// changeState runs delete or restore, whose only input besides the id is
+// changeState is the handler of delete (to deleted) and restore (to active), whose only input besides the id is
 // If-Match; any body is ignored.
-func (s *server) changeState(w http.ResponseWriter, r *http.Request, who actor, to, message string) {
-	ifMatch, refusal := parseIfMatch(r.Header.Get("If-Match"))
-	s.respond(w, r, who, nil, message, refusal, func(who actor) (outcome, error) {
-		return s.store.setState(r.Context(), who, r.PathValue("id"), ifMatch, to)
-	})
+func (s *server) changeState(to, message string) func(w http.ResponseWriter, r *http.Request, who actor) {
+	return func(w http.ResponseWriter, r *http.Request, who actor) {
+		ifMatch, refusal := parseIfMatch(r.Header.Get("If-Match"))
+		s.respond(w, r, who, nil, message, refusal, func(who actor) (outcome, error) {
+			return s.store.setState(r.Context(), who, r.PathValue("id"), ifMatch, to)
+		})
+	}
 }
 
-// parseIfMatch reads an If-Match header: the ETag get sent, "<version>". It
-// returns 0 when the header is absent or "*" (any version).
+// parseIfMatch reads an If-Match header: the ETag get sent, "<version>". It returns 0 when the header is absent or
+// "*" (any version).
 func parseIfMatch(header string) (int64, error) {
 	if header == "" || header == "*" {
 		return 0, nil
@@ -341,13 +330,11 @@ func parseIfMatch(header string) (int64, error) {
 	return version, nil
 }
 
-// respond runs op, the operation of a write request, and answers with its
-// outcome: message (or "unchanged") and the button's id on success. A
-// refusal found before op (a body or header that breaks a rule) is the
-// answer instead. With an Idempotency-Key, a repeat of a finished request gets
-// the first answer again, byte for byte; the same key with another request is
-// a 422, and while the first is still running a 409. The answer is rendered
-// once and stored with the change, or with the refusal.
+// respond runs op, the operation of a write request, and answers with its outcome: message (or "unchanged") and the
+// button's id on success. A refusal found before op (a body or header that breaks a rule) is the answer instead.
+// With an Idempotency-Key, a repeat of a finished request gets the first answer again, byte for byte; the same key
+// with another request is a 422, and while the first is still running a 409. The answer is rendered once and stored
+// with the change, or with the refusal.
 func (s *server) respond(w http.ResponseWriter, r *http.Request, who actor, body []byte, message string,
 	refusal error, op func(actor) (outcome, error)) {
 	if refusal != nil {
@@ -381,8 +368,8 @@ func (s *server) respond(w http.ResponseWriter, r *http.Request, who actor, body
 		return
 	}
 	defer s.inFlight.Delete(slot)
-	// Claimed first, looked up second: a first request that held the claim
-	// has committed its answer by the time the claim is free.
+	// Claimed first, looked up second: a first request that held the claim has committed its answer by the time the
+	// claim is free.
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\n%s\n%s\n%s\n", r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header.Get("If-Match"))
 	h.Write(body)
@@ -410,8 +397,8 @@ func (s *server) respond(w http.ResponseWriter, r *http.Request, who actor, body
 
 // --- views ---
 
-// buttonView is a button as the API shows it: amounts as decimal text in the
-// currency's minor unit, times in RFC 3339 UTC, absent values as null.
+// buttonView is a button as the API shows it: amounts as decimal text in the currency's minor unit, times in RFC
+// 3339 UTC, absent values as null.
 type buttonView struct {
 	ID                       string            `json:"id"`
 	ProductName              string            `json:"productName"`
@@ -461,9 +448,8 @@ func viewsOf(buttons []button) []buttonView {
 	return views
 }
 
-// formatAmount writes minor units of currency as decimal text with the
-// currency's decimal places: "19.90" USD, "500" JPY, "1.250" KWD (2 for a
-// code no longer in the table).
+// formatAmount writes minor units of currency as decimal text with the currency's decimal places: "19.90" USD,
+// "500" JPY, "1.250" KWD (2 for a code no longer in the table).
 func formatAmount(minor int64, currency string) string {
 	exp, ok := currencyExponents[currency]
 	if !ok {
@@ -484,9 +470,8 @@ func formatScaled(n int64, exp int) string {
 	return text[:len(text)-exp] + "." + text[len(text)-exp:]
 }
 
-// readBody returns the request body once it has checked the media type (a
-// missing Content-Type is read as JSON) and the 64 KiB cap. A body announced as
-// too large is refused before a byte of it is read.
+// readBody returns the request body once it has checked the media type (a missing Content-Type is read as JSON) and
+// the 64 KiB cap. A body announced as too large is refused before a byte of it is read.
 func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mediaType, _, err := mime.ParseMediaType(ct)
@@ -523,8 +508,7 @@ type envelope struct {
 // internalError is what a client sees of a bug.
 var internalError = []byte(`{"isSuccess":false,"data":"","message":"internal error","code":"internal"}`)
 
-// answer renders env, sent with status. An envelope that cannot be encoded
-// becomes the internal error, logged.
+// answer renders env, sent with status. An envelope that cannot be encoded becomes the internal error, logged.
 func (s *server) answer(r *http.Request, status int, env envelope) storedResponse {
 	body, err := json.Marshal(env)
 	if err != nil {
@@ -538,8 +522,8 @@ func (s *server) writeJSON(w http.ResponseWriter, r *http.Request, status int, e
 	s.send(w, r, s.answer(r, status, env), nil)
 }
 
-// errorEnvelope is the status and envelope of err. An error that is not an
-// *apiError is a bug: the client reads only "internal error".
+// errorEnvelope is the status and envelope of err. An error that is not an *apiError is a bug: the client reads
+// only "internal error".
 func errorEnvelope(err error) (int, envelope) {
 	var e *apiError
 	if !errors.As(err, &e) || statusOf[e.code] == 0 {
@@ -553,8 +537,8 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	s.send(w, r, s.answer(r, status, env), err)
 }
 
-// send writes a rendered answer. A 5xx is logged as an error with its cause,
-// which the client never sees; a 503 says when to retry.
+// send writes a rendered answer. A 5xx is logged as an error with its cause, which the client never sees; a 503
+// says when to retry.
 func (s *server) send(w http.ResponseWriter, r *http.Request, answer storedResponse, err error) {
 	if answer.Status >= 500 {
 		s.log.Error("request failed", "requestId", requestID(r.Context()), "status", answer.Status, "err", err)
@@ -568,8 +552,7 @@ func (s *server) send(w http.ResponseWriter, r *http.Request, answer storedRespo
 
 // --- wrappers ---
 
-// keyed admits the request's key and, for a write, its scope before h runs,
-// and so before any body is read.
+// keyed admits the request's key and, for a write, its scope before h runs, and so before any body is read.
 func (s *server) keyed(write bool, h func(w http.ResponseWriter, r *http.Request, who actor)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if key, ok := s.admit(w, r, write, s.store.authenticate); ok {
@@ -578,11 +561,10 @@ func (s *server) keyed(write bool, h func(w http.ResponseWriter, r *http.Request
 	})
 }
 
-// admit looks up the request's X-API-KEY with lookup. It answers 401 for a
-// missing, unknown or revoked key, 429 once the client's address has failed
-// too often (without a lookup, unless the key is one that has authenticated),
-// 403 for a read-only key on a write, and 429 for a key over its rate limit;
-// else it names the key in the access line and lets the request go on.
+// admit looks up the request's X-API-KEY with lookup. It answers 401 for a missing, unknown or revoked key, 429
+// once the client's address has failed too often (without a lookup, unless the key is one that has authenticated),
+// 403 for a read-only key on a write, and 429 for a key over its rate limit; else it names the key in the access
+// line and lets the request go on.
 func (s *server) admit(w http.ResponseWriter, r *http.Request, write bool,
 	lookup func(ctx context.Context, secret string) (apiKey, error)) (apiKey, bool) {
 	refuse := func(err error, wait time.Duration) (apiKey, bool) {
@@ -626,9 +608,8 @@ func (s *server) admit(w http.ResponseWriter, r *http.Request, write bool,
 	return key, true
 }
 
-// isLiveKey reloads the hashes of the live keys, at most once a second, and
-// reports whether hash is one: a valid key that has not been used since the
-// server started still works from an address that floods it with bad ones.
+// isLiveKey reloads the hashes of the live keys, at most once a second, and reports whether hash is one: a valid
+// key that has not been used since the server started still works from an address that floods it with bad ones.
 func (s *server) isLiveKey(ctx context.Context, hash [sha256.Size]byte) bool {
 	if last := s.keysLoaded.Load(); time.Since(time.Unix(0, last)) > time.Second &&
 		s.keysLoaded.CompareAndSwap(last, time.Now().UnixNano()) {
@@ -641,8 +622,8 @@ func (s *server) isLiveKey(ctx context.Context, hash [sha256.Size]byte) bool {
 	return live
 }
 
-// enveloped routes through mux, but answers what the mux would answer in plain
-// text (404, 405, and redirects to a cleaned path) with the envelope instead.
+// enveloped routes through mux, but answers what the mux would answer in plain text (404, 405, and redirects to a
+// cleaned path) with the envelope instead.
 func (s *server) enveloped(mux *http.ServeMux) http.Handler {
 	notFound := &apiError{code: "not_found", message: "no such path"}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -656,8 +637,7 @@ func (s *server) enveloped(mux *http.ServeMux) http.Handler {
 			mux.ServeHTTP(w, r)
 			return
 		}
-		// Ask the mux's own handler whether this is a 404 or a 405, and which
-		// methods the path allows.
+		// Ask the mux's own handler whether this is a 404 or a 405, and which methods the path allows.
 		probe := &probeWriter{header: http.Header{}}
 		h.ServeHTTP(probe, r)
 		if probe.status != http.StatusMethodNotAllowed {
@@ -681,8 +661,8 @@ func (p *probeWriter) Header() http.Header         { return p.header }
 func (p *probeWriter) WriteHeader(status int)      { p.status = status }
 func (p *probeWriter) Write(b []byte) (int, error) { return len(b), nil }
 
-// requestInfo is what the access line says of a request beyond what the
-// request itself holds; the wrappers fill it in as they learn it.
+// requestInfo is what the access line says of a request beyond what the request itself holds; the wrappers fill it
+// in as they learn it.
 type requestInfo struct{ id, keyID string }
 
 type requestInfoKey struct{}
@@ -695,9 +675,9 @@ func requestID(ctx context.Context) string {
 	return ""
 }
 
-// withBasics sets the headers every response carries, gives the request its id
-// (the caller's X-Request-Id when it is sane), turns a panic into a logged 500,
-// and writes the access line (never the key, only its id) and the metrics.
+// withBasics sets the headers every response carries, gives the request its id (the caller's X-Request-Id when it
+// is sane), turns a panic into a logged 500, and writes the access line (never the key, only its id) and the
+// metrics.
 func (s *server) withBasics(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
@@ -760,8 +740,8 @@ func (w *recordingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter
 
 // --- rate limits ---
 
-// rateLimiter is a token bucket per key (an API key's id, or an address):
-// rate tokens a second up to burst. A rate of 0 turns it off.
+// rateLimiter is a token bucket per key (an API key's id, or an address): rate tokens a second up to burst. A rate
+// of 0 turns it off.
 type rateLimiter struct {
 	rate, burst float64
 	mu          sync.Mutex
@@ -777,9 +757,8 @@ func newRateLimiter(rate float64, burst int) *rateLimiter {
 	return &rateLimiter{rate: rate, burst: float64(burst), buckets: map[string]*tokenBucket{}}
 }
 
-// allow takes a token from key's bucket; when there is none it says how long
-// until there will be. Buckets that have filled up again are forgotten once
-// there are many, so that many addresses cannot grow the map without bound.
+// allow takes a token from key's bucket; when there is none it says how long until there will be. Buckets that have
+// filled up again are forgotten once there are many, so that many addresses cannot grow the map without bound.
 func (l *rateLimiter) allow(key string, t time.Time) (bool, time.Duration) {
 	if l.rate <= 0 {
 		return true, 0
@@ -806,8 +785,8 @@ func (l *rateLimiter) allow(key string, t time.Time) (bool, time.Duration) {
 
 // --- metrics ---
 
-// metrics counts each route pattern's requests by status, and their
-// durations, for /metrics. Labels never hold an account, a key or a button id.
+// metrics counts each route pattern's requests by status, and their durations, for /metrics. Labels never hold an
+// account, a key or a button id.
 type metrics struct {
 	mu     sync.Mutex
 	routes map[string]*routeMetrics
@@ -836,8 +815,7 @@ func (m *metrics) observe(route string, status int, d time.Duration) {
 	m.routes[route].durations.observe(d.Seconds())
 }
 
-// histogram counts observations into buckets: counts[i] those up to
-// bounds[i], the last those above every bound.
+// histogram counts observations into buckets: counts[i] those up to bounds[i], the last those above every bound.
 type histogram struct {
 	bounds []float64
 	counts []int64
@@ -850,8 +828,7 @@ func (h *histogram) observe(v float64) {
 	h.sum += v
 }
 
-// write writes h in the Prometheus text format, its buckets cumulative;
-// label is `name="value"` or "".
+// write writes h in the Prometheus text format, its buckets cumulative; label is `name="value"` or "".
 func (h *histogram) write(w io.Writer, name, label string) {
 	var total int64
 	for i, n := range h.counts {
@@ -886,7 +863,8 @@ func (s *server) handleMetrics(w http.ResponseWriter, r *http.Request) {
 	}
 	series("paybuttons_http_request_duration_seconds", "histogram", "Time to answer a request, by route pattern.")
 	for _, route := range routes {
-		s.metrics.routes[route].durations.write(&out, "paybuttons_http_request_duration_seconds", fmt.Sprintf("route=%q", route))
+		durations := s.metrics.routes[route].durations
+		durations.write(&out, "paybuttons_http_request_duration_seconds", fmt.Sprintf("route=%q", route))
 	}
 	s.metrics.mu.Unlock()
 	commits, ops, batches, size := s.store.stats()

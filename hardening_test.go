@@ -21,6 +21,7 @@ import (
 // acknowledged after it: writes and /healthz answer 503 with an ERROR line
 // saying to stop with SIGTERM, whose checkpoint then saves what was written.
 func TestRemovedWALRefusesWritesAndSIGTERMSavesThem(t *testing.T) {
+	t.Parallel()
 	dbPath := filepath.Join(t.TempDir(), "wal.db")
 	key := mintKeyCLI(t, dbPath, "acme")
 	child := startChild(t, dbPath)
@@ -118,6 +119,7 @@ func TestUnchangedUpdate(t *testing.T) {
 // A SQLite file that is not ours is refused, one with Litestream's tables or
 // an earlier paybuttons' is adopted; check says what integrity_check says.
 func TestForeignAndDamagedFiles(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	file := func(name, schema string) string {
 		path := filepath.Join(dir, name)
@@ -180,6 +182,7 @@ func TestHealthzReadsEveryTable(t *testing.T) {
 
 // A backup killed halfway leaves nothing at its destination.
 func TestKilledBackupLeavesNoHalfFile(t *testing.T) {
+	t.Parallel()
 	e := newTestServer(t)
 	e.store.write(context.Background(), func(tx *writeTx) error {
 		for i := range 20000 {
@@ -210,6 +213,7 @@ func TestKilledBackupLeavesNoHalfFile(t *testing.T) {
 
 // A client that goes away is not an internal error: no ERROR line, status 499.
 func TestClientGoneIsNotAnError(t *testing.T) {
+	t.Parallel()
 	srv := startRun(t, "-db", filepath.Join(t.TempDir(), "gone.db"))
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()

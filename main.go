@@ -1,5 +1,5 @@
-// Command paybuttons stores the configurations of checkout payment buttons and
-// serves them over a JSON/HTTP API backed by one SQLite file.
+// Command paybuttons stores the configurations of checkout payment buttons and serves them over a JSON/HTTP API
+// backed by one SQLite file.
 package main
 
 import (
@@ -56,9 +56,8 @@ const usage = `usage:
   paybuttons version
 Every flag can also be set with PAYBUTTONS_<FLAG> (PAYBUTTONS_DB, PAYBUTTONS_RATE, ...); a flag beats its variable.`
 
-// run is the whole program: it parses args (args[0] is the program name),
-// reads the environment through getenv and returns instead of exiting. Usage
-// mistakes are *usageError.
+// run is the whole program: it parses args (args[0] is the program name), reads the environment through getenv and
+// returns instead of exiting. Usage mistakes are *usageError.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	args = args[1:]
 	command := "serve"
@@ -85,9 +84,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	return &usageError{fmt.Sprintf("unknown command %q (try: serve, keys, backup, check, version)", command)}
 }
 
-// parseFlags fills fs from the environment (PAYBUTTONS_ and the flag's name in
-// capitals, "-" as "_"), then from args, so a flag beats its variable. It
-// returns the database file's flag, which every command has.
+// parseFlags fills fs from the environment (PAYBUTTONS_ and the flag's name in capitals, "-" as "_"), then from
+// args, so a flag beats its variable. It returns the database file's flag, which every command has.
 func parseFlags(fs *flag.FlagSet, args []string, getenv func(string) string) (dbPath string, err error) {
 	db := fs.String("db", "paybuttons.db", "SQLite database file")
 	fs.SetOutput(io.Discard)
@@ -110,9 +108,8 @@ func parseFlags(fs *flag.FlagSet, args []string, getenv func(string) string) (db
 	return *db, nil
 }
 
-// serve runs the HTTP API until ctx ends or SIGINT/SIGTERM arrives, then stops
-// accepting, lets requests in flight finish (up to 10 s), answers the change
-// feed's waiting requests at once, and closes the database.
+// serve runs the HTTP API until ctx ends or SIGINT/SIGTERM arrives, then stops accepting, lets requests in flight
+// finish (up to 10 s), answers the change feed's waiting requests at once, and closes the database.
 func serve(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	addr := fs.String("addr", "localhost:8080", "address to listen on")
@@ -146,9 +143,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		return &usageError{"-log-format must be text or json"}
 	}
 
-	// A service's heap is small and mostly garbage per request: collect a
-	// quarter as often, but keep Go's memory under 24 MiB (SQLite's page
-	// caches come on top). An operator's GOGC or GOMEMLIMIT wins.
+	// A service's heap is small and mostly garbage per request: collect a quarter as often, but keep Go's memory
+	// under 24 MiB (SQLite's page caches come on top). An operator's GOGC or GOMEMLIMIT wins.
 	if getenv("GOGC") == "" && getenv("GOMEMLIMIT") == "" {
 		debug.SetGCPercent(400)
 		debug.SetMemoryLimit(24 << 20)
@@ -162,8 +158,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	}
 	logger := slog.New(flushOnWarn{handler, logOut})
 
-	// In this order: a second server is refused before it touches the file,
-	// and a start that cannot listen mints no key.
+	// In this order: a second server is refused before it touches the file, and a start that cannot listen mints no
+	// key.
 	release, err := claimServer(dbPath)
 	if err != nil {
 		return err
@@ -195,8 +191,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		DisableGeneralOptionsHandler: true, // OPTIONS * gets the envelope too
 		ErrorLog:                     slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		TLSConfig:                    &tls.Config{MinVersion: tls.VersionTLS12},
-		// Past -max-conns a new connection is closed at once: idle
-		// connections cost memory, and a flood of them must not grow it.
+		// Past -max-conns a new connection is closed at once: idle connections cost memory, and a flood of them
+		// must not grow it.
 		ConnState: func(c net.Conn, state http.ConnState) {
 			switch state {
 			case http.StateNew:
@@ -241,9 +237,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	return logOut.Flush()
 }
 
-// logBuffer holds log lines for up to 100 ms, so that an access line does
-// not cost a write to stderr of its own. Warnings and errors go out at once
-// (flushOnWarn).
+// logBuffer holds log lines for up to 100 ms, so that an access line does not cost a write to stderr of its own.
+// Warnings and errors go out at once (flushOnWarn).
 type logBuffer struct {
 	mu  sync.Mutex
 	out *bufio.Writer
@@ -264,8 +259,8 @@ func (l *logBuffer) Flush() error {
 	return l.out.Flush()
 }
 
-// flushOnWarn writes the log out at once after a record at warn level or
-// above, so that trouble is never waiting in the buffer.
+// flushOnWarn writes the log out at once after a record at warn level or above, so that trouble is never waiting in
+// the buffer. (Nothing calls With on the logger, which would return the handler it wraps.)
 type flushOnWarn struct {
 	slog.Handler
 	out *logBuffer
@@ -279,31 +274,24 @@ func (h flushOnWarn) Handle(ctx context.Context, r slog.Record) error {
 	return err
 }
 
-func (h flushOnWarn) WithAttrs(attrs []slog.Attr) slog.Handler {
-	return flushOnWarn{h.Handler.WithAttrs(attrs), h.out}
-}
-
-func (h flushOnWarn) WithGroup(name string) slog.Handler {
-	return flushOnWarn{h.Handler.WithGroup(name), h.out}
-}
-
-// mintFirstKey gives a database without any key one for account "default", and
-// prints it once on stderr on a line of its own, so that `go run .` alone is
-// enough to try the service.
+// mintFirstKey gives a database without any key one for account "default", and prints it once on stderr on a line
+// of its own, so that `go run .` alone is enough to try the service.
 func mintFirstKey(ctx context.Context, st *store, stderr io.Writer) error {
 	if keys, err := st.listKeys(ctx); err != nil || len(keys) > 0 {
 		return err
 	}
 	secret, id, err := st.createKey(ctx, "default", false)
 	if err == nil {
-		fmt.Fprintf(stderr, "paybuttons: no API key existed; created %s for account \"default\". It is shown once, here:\n%s\n",
+		fmt.Fprintf(stderr, "paybuttons: no API key existed; created %s for account \"default\". "+
+			"It is shown once, here:\n%s\n",
 			id, secret)
 	}
 	return err
 }
 
 // keys runs `keys create|list|revoke`.
-func keys(ctx context.Context, command string, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+func keys(ctx context.Context, command string, args []string, getenv func(string) string,
+	stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("keys "+command, flag.ContinueOnError)
 	account := fs.String("account", "", "account the new key belongs to (keys create)")
 	readOnly := fs.Bool("read-only", false, "the new key may read buttons, never change them (keys create)")
@@ -357,10 +345,10 @@ func keys(ctx context.Context, command string, args []string, getenv func(string
 	return st.close()
 }
 
-// fileCommand runs `backup [-db FILE] DEST_FILE`, a consistent copy of the
-// database taken while servers keep using it, or `check [-db FILE]`, which
-// says "ok" or what is damaged (then exit status 1).
-func fileCommand(ctx context.Context, command string, args []string, getenv func(string) string, stdout io.Writer) error {
+// fileCommand runs `backup [-db FILE] DEST_FILE`, a consistent copy of the database taken while servers keep using
+// it, or `check [-db FILE]`, which says "ok" or what is damaged (then exit status 1).
+func fileCommand(ctx context.Context, command string, args []string, getenv func(string) string,
+	stdout io.Writer) error {
 	fs := flag.NewFlagSet(command, flag.ContinueOnError)
 	dbPath, err := parseFlags(fs, args, getenv)
 	switch {
@@ -387,8 +375,8 @@ func fileCommand(ctx context.Context, command string, args []string, getenv func
 	return err
 }
 
-// version is the module version the binary was built from (with its VCS
-// revision, when built in a checkout) and the Go version.
+// version is the module version the binary was built from (with its VCS revision, when built in a checkout) and the
+// Go version.
 func version() string {
 	if info, ok := debug.ReadBuildInfo(); ok {
 		return info.Main.Version + " " + info.GoVersion

@@ -28,6 +28,7 @@ import (
 )
 
 func TestAccessLogNamesTheKeyIDNeverTheKey(t *testing.T) {
+	t.Parallel()
 	db := filepath.Join(t.TempDir(), "log.db")
 	out, err := runCLI(t, nil, "keys", "create", "-account", "acme", "-db", db)
 	if err != nil {
@@ -85,6 +86,7 @@ func TestAccessLogNamesTheKeyIDNeverTheKey(t *testing.T) {
 }
 
 func TestLogLevelHidesAccessLines(t *testing.T) {
+	t.Parallel()
 	// At warn the listening line is hidden too, so the port is chosen here.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -157,6 +159,7 @@ func selfSignedCert(t *testing.T) (certFile, keyFile string, cert *x509.Certific
 }
 
 func TestServesTLS(t *testing.T) {
+	t.Parallel()
 	certFile, keyFile, cert := selfSignedCert(t)
 	srv := startRun(t, "-db", filepath.Join(t.TempDir(), "tls.db"), "-tls-cert", certFile, "-tls-key", keyFile)
 	if !strings.HasPrefix(srv.url, "https://") {
@@ -345,6 +348,7 @@ func TestCommandLineErrors(t *testing.T) {
 
 // A start that cannot listen mints no key: the next start still prints one.
 func TestFailedStartMintsNoKey(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -24,8 +24,7 @@ import (
 	sqlite3 "modernc.org/sqlite/lib"
 )
 
-// storage is every operation the store offers the handlers. An expected
-// outcome is an *apiError (not_found, wrong_state, ...); any other error is a fault.
+// storage is every operation the handlers use. An expected outcome is an *apiError; any other error is a fault.
 type storage interface {
 	authenticate(ctx context.Context, secret string) (apiKey, error)                 // or errUnknownKey
 	liveKeys(ctx context.Context) ([][sha256.Size]byte, error)                       // the hashes of the keys not revoked
@@ -39,19 +38,18 @@ type storage interface {
 	createButton(ctx context.Context, who actor, b button) (outcome, error)
 	updateButton(ctx context.Context, who actor, id string, ifMatch int64, change func(*button) error) (outcome, error)
 	setState(ctx context.Context, who actor, id string, ifMatch int64, to string) (outcome, error) // delete, restore
-	reject(ctx context.Context, who actor, refusal error) error                                    // keeps a refusal for an Idempotency-Key
+	reject(ctx context.Context, who actor, refusal error) error                                    // keep it
 	findResponse(ctx context.Context, account, key string) (storedResponse, error)
 
 	ping(ctx context.Context) error                           // reads every table; fails while writes are refused
 	stats() (commits, ops int64, batches []int64, size int64) // for /metrics
 }
 
-// The commands use openStore, close, createKey, listKeys, revokeKey,
-// claimServer, backup and integrityCheck.
+// The commands use openStore, close, createKey, listKeys, revokeKey, claimServer, backup and integrityCheck.
 
-// apiError is every failure a client is told about: code is stable and
-// machine-readable (handlers.go maps it to a status), message is for people,
-// fields holds every failing field for invalid_request. cause is logged, never sent.
+// apiError is every failure a client is told about: code is stable and machine-readable (handlers.go maps it to a
+// status), message is for people, fields holds every failing field for invalid_request. cause is logged, never
+// sent.
 type apiError struct {
 	code    string
 	message string
@@ -82,8 +80,7 @@ const (
 	applicationID  = 0x70627574     // "pbut" in the header of every paybuttons database
 )
 
-// button is one stored payment button. Optional values are their zero value
-// when absent ("", a fee of 0 basis points, nil metadata).
+// button is one stored payment button; an absent optional value is its zero value.
 type button struct {
 	ID, Account     string
 	ProductName     string
@@ -120,16 +117,14 @@ type apiKey struct {
 	RevokedAt   timestamp // zero while valid
 }
 
-// actor is who asks for a change: the account scopes every query, the key and
-// request ids go into the history.
+// actor is who asks for a change: the account scopes every query; the ids go into the history.
 type actor struct {
 	Account, KeyID, RequestID string
 	Idempotency               *idempotencyKey // keeps the answer with the change, when set
 }
 
-// idempotencyKey is a client's Idempotency-Key on a write. The writer calls
-// Render once, inside the write's transaction, and stores its bytes with the
-// change; Answer then holds them, for the handler to send as they are.
+// idempotencyKey is a client's Idempotency-Key on a write. The writer calls Render once, inside the write's
+// transaction, and stores its bytes with the change; Answer then holds them, for the handler to send as they are.
 type idempotencyKey struct {
 	Key         string
 	Fingerprint []byte // identifies the request the key was first used with
@@ -150,8 +145,7 @@ type storedResponse struct {
 	Body        []byte
 }
 
-// historyEntry is one change to a button, with the button before (zero for
-// the create) and after it.
+// historyEntry is one change to a button, with the button before (zero for the create) and after it.
 type historyEntry struct {
 	Version                  int64 // the version the change made
 	Action, KeyID, RequestID string
@@ -169,9 +163,8 @@ type listFilter struct {
 	Metadata      map[string]string // every key must hold its value
 }
 
-// store owns the SQLite file: one writer connection fed by a single goroutine
-// that commits waiting writes together (group commit), and read-only
-// connections that never wait behind it (WAL).
+// store owns the SQLite file: one writer connection fed by a single goroutine that commits waiting writes together
+// (group commit), and read-only connections that never wait behind it (WAL).
 type store struct {
 	path    string
 	writer  *sql.DB
@@ -199,8 +192,7 @@ type store struct {
 	batches [9]atomic.Int64 // commits of up to 1, 2, 4, ... 256 writes
 }
 
-// statements prepares each SQL text once on db and keeps it: SQLite would
-// otherwise parse it again on every call, which costs about as much as running it.
+// statements prepares each SQL text once and keeps it: parsing costs SQLite as much as running it.
 type statements struct {
 	db interface {
 		PrepareContext(ctx context.Context, query string) (*sql.Stmt, error)
@@ -240,8 +232,7 @@ func (c *statements) query(ctx context.Context, query string, args ...any) (*sql
 	return st.QueryContext(ctx, args...)
 }
 
-// close closes the statements. It must come before their database's Close:
-// a connection with a statement open outlives DB.Close, and a process that
+// close comes before the database's Close: a connection with a statement open outlives DB.Close, and a process that
 // keeps one open makes the next server trust a crashed one's WAL index.
 func (c *statements) close() {
 	c.cache.Range(func(_, st any) bool {
@@ -250,9 +241,8 @@ func (c *statements) close() {
 	})
 }
 
-// writeTx is the writer's connection, inside the batch's transaction. Its
-// statements never take a caller's context: SQLite answers an interrupted
-// statement by rolling back the whole transaction, every caller's write in it.
+// writeTx is the writer's connection, inside the batch's transaction. Its statements take no caller's context:
+// SQLite answers an interrupted statement by rolling back every write in the transaction.
 type writeTx struct {
 	conn      *sql.Conn
 	stmts     statements
@@ -280,16 +270,14 @@ func (tx *writeTx) nextChange(account string) int64 {
 	return tx.seq
 }
 
-// openStore opens (creating if needed) the database at path, applies pending
-// migrations and starts the writer. It fails if the directory does not exist,
-// the file is not a paybuttons database, or its schema is newer than this binary.
+// openStore opens (creating if needed) the database at path, migrates it and starts the writer. It fails if the
+// directory does not exist, or the file is not a paybuttons database this binary knows.
 func openStore(path string) (*store, error) {
 	if err := checkDir(path); err != nil {
 		return nil, err
 	}
-	// Pragmas live in the DSN, so that every pooled connection gets them. The
-	// writer checkpoints every 4000 WAL pages (16 MB) instead of SQLite's 1000:
-	// fewer, larger checkpoints cost it less (README, Performance).
+	// Pragmas live in the DSN, so that every pooled connection gets them. The writer checkpoints every 4000 WAL
+	// pages, not 1000: fewer, larger checkpoints cost it less (README, Performance).
 	const common = "?_pragma=busy_timeout(5000)"
 	writer, _ := sql.Open("sqlite", path+common+ // sql.Open fails only for an unknown driver
 		"&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=wal_autocheckpoint(4000)&_txlock=immediate")
@@ -326,10 +314,8 @@ func checkDir(path string) error {
 	return nil
 }
 
-// close stops the writer, checkpoints the WAL into the main file and closes
-// every connection; later calls return the first call's result. A checkpoint
-// that another process's reader (Litestream, say) keeps from finishing gets a
-// second, not the whole busy timeout: close then returns errCheckpointBusy.
+// close stops the writer, checkpoints the WAL into the main file and closes every connection. A checkpoint another
+// process's reader (Litestream) keeps from finishing gets a second, then errCheckpointBusy.
 func (s *store) close() error {
 	s.closeOnce.Do(func() {
 		close(s.quit)
@@ -353,9 +339,8 @@ func (s *store) close() error {
 var errCheckpointBusy = errors.New("the WAL was not checkpointed: another process is reading it " +
 	"(nothing is lost: the next start applies it)")
 
-// migrations are applied in order, each in its own transaction; PRAGMA
-// user_version counts how many a database has had. Never edit one that has
-// shipped: add the next.
+// migrations are applied in order, each in its own transaction; PRAGMA user_version counts them. Never edit one
+// that has shipped: add the next.
 var migrations = []string{
 	// 1: keys and buttons.
 	`CREATE TABLE api_keys (
@@ -390,11 +375,9 @@ var migrations = []string{
 		PRIMARY KEY (account, id)
 	) STRICT, WITHOUT ROWID;`,
 
-	// 2: history, idempotency keys, and an index for listing by state.
-	// A history row is one change after the create (whose author is on the
-	// button row) and the button as it was before that change; the button
-	// after it is the next row's, or the button itself. A create then costs
-	// one row, not two.
+	// 2: history, idempotency keys, and an index for listing by state. A history row is one change after the create
+	// (whose author is on the button row) and the button as it was before that change; the button after it is the
+	// next row's, or the button itself. A create then costs one row, not two.
 	`CREATE TABLE button_history (
 		button_id        TEXT NOT NULL,
 		change_version   INTEGER NOT NULL, -- the version the change made
@@ -431,9 +414,8 @@ var migrations = []string{
 	CREATE INDEX idempotency_keys_by_age ON idempotency_keys (created_at);
 	CREATE INDEX buttons_by_state ON buttons (account, state, id);`,
 
-	// 3: metadata, read-only keys, the change feed, and the file's mark.
-	// Buttons already stored take changeSeq 1..n in the order they last
-	// changed; change_counter keeps the last one given out.
+	// 3: metadata, read-only keys, the change feed, and the file's mark. Buttons already stored take changeSeq 1..n
+	// in the order they last changed; change_counter keeps the last one given out.
 	`ALTER TABLE buttons ADD COLUMN metadata TEXT; -- a JSON object, NULL when empty
 	ALTER TABLE button_history ADD COLUMN metadata TEXT;
 	ALTER TABLE buttons ADD COLUMN change_seq INTEGER NOT NULL DEFAULT 0;
@@ -447,9 +429,8 @@ var migrations = []string{
 	PRAGMA application_id = 1885500788;`,
 }
 
-// ownVersion returns the schema version of a paybuttons database: one with
-// our application_id, an earlier paybuttons' (our tables, without it), or an
-// empty one (Litestream's tables aside). Another program's file is an error.
+// ownVersion returns the schema version of a paybuttons database: with our application_id, an earlier paybuttons'
+// (our tables, without it), or an empty one (Litestream's tables aside). Another's is an error.
 func ownVersion(ctx context.Context, db interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }) (int, error) {
@@ -464,8 +445,7 @@ func ownVersion(ctx context.Context, db interface {
 	return version, describeOpenError(err)
 }
 
-// migrate brings the schema of a paybuttons database up to date; a schema
-// newer than this binary's is an error.
+// migrate brings the schema of a paybuttons database up to date; a newer schema is an error.
 func migrate(conn *sql.Conn) error {
 	ctx := context.Background()
 	version, err := ownVersion(ctx, conn)
@@ -511,9 +491,8 @@ func sqliteCode(err error) int {
 	return 0
 }
 
-// classify turns the faults a client should retry (the write lock held past
-// busy_timeout, a full disk, no connection free in time) into unavailable,
-// and a client that went away into canceled; the rest it leaves alone.
+// classify turns the faults a client should retry (busy past busy_timeout, a full disk, no connection in time) into
+// unavailable, and a client that went away into canceled; the rest it leaves alone.
 func classify(err error) error {
 	switch code := sqliteCode(err); {
 	case code == sqlite3.SQLITE_FULL:
@@ -528,17 +507,15 @@ func classify(err error) error {
 
 // --- the writer ---
 
-// writeOp is one caller's change. fn runs once, in the writer's transaction;
-// it keeps its own outcome (not found, a refused change) in its closure and
-// returns only a fault, which fails the whole batch.
+// writeOp is one caller's change. fn runs once, in the writer's transaction; it keeps its outcome (not found, a
+// refused change) in its closure and returns only a fault, which fails the whole batch.
 type writeOp struct {
 	fn   func(tx *writeTx) error
 	done chan error
 }
 
-// write runs fn in the writer's next transaction and returns the batch's
-// fault or nil once it has committed. Once handed over, the write is waited
-// for even if ctx ends, so a change that committed is never reported as failed.
+// write runs fn in the writer's next transaction and returns the batch's fault, or nil once committed. Once handed
+// over it is waited for even if ctx ends: a committed change is never reported as failed.
 func (s *store) write(ctx context.Context, fn func(tx *writeTx) error) error {
 	op := writeOp{fn: fn, done: make(chan error, 1)}
 	select {
@@ -551,9 +528,8 @@ func (s *store) write(ctx context.Context, fn func(tx *writeTx) error) error {
 	}
 }
 
-// runWriter takes every write that is waiting, up to maxBatch, and commits
-// them in one transaction: one fsync for all of them. Once a minute it also
-// purges answers older than idempotencyTTL.
+// runWriter commits every write that is waiting, up to maxBatch, in one transaction: one fsync for all. Once a
+// minute it purges answers older than idempotencyTTL.
 func (s *store) runWriter() {
 	defer close(s.stopped)
 	purge := time.NewTicker(time.Minute)
@@ -586,10 +562,8 @@ func (s *store) runWriter() {
 	}
 }
 
-// commit runs batch in one IMMEDIATE transaction (the write lock is taken at
-// once, waiting up to busy_timeout for another process) and commits it. The
-// batch succeeds or fails as a unit: the first fault rolls it all back. Then it
-// wakes whoever watches the accounts it changed.
+// commit runs batch in one IMMEDIATE transaction (the write lock taken at once, waiting up to busy_timeout for
+// another process). It succeeds or fails as a unit, then wakes whoever watches the accounts it changed.
 func (s *store) commit(batch []writeOp) error {
 	tx := s.tx
 	tx.seq, tx.changed = tx.committed, tx.changed[:0]
@@ -626,12 +600,12 @@ func (s *store) commit(batch []writeOp) error {
 	return nil
 }
 
-// checkWAL fails, from then on, once the WAL file under the database is gone
-// or is not the one SQLite has open: an acknowledged write would then be lost
-// at the next start.
+// checkWAL fails, from then on, once the WAL file is gone or not the one SQLite has open: an acknowledged write
+// would then be lost at the next start.
 func (s *store) checkWAL() error {
 	if info, err := os.Stat(s.path + "-wal"); s.wal != nil && (err != nil || !os.SameFile(info, s.wal)) {
-		s.fault.CompareAndSwap(nil, &apiError{code: "unavailable", message: "the database refuses writes; see the server's log",
+		s.fault.CompareAndSwap(nil, &apiError{code: "unavailable",
+			message: "the database refuses writes; see the server's log",
 			cause: fmt.Errorf("the WAL file %s-wal was removed or replaced while the server ran: writes are refused, "+
 				"since the next start would lose them. Stop the server with SIGTERM: its checkpoint saves what "+
 				"the old WAL holds into the database", s.path)})
@@ -672,11 +646,9 @@ func (s *store) stats() (commits, ops int64, batches []int64, size int64) {
 	return commits, s.ops.Load(), batches, size
 }
 
-// claimServer makes this process the one server of the database at path
-// until release: another claim, from any process, fails at once. It holds an
-// exclusive SQLite lock on path+"-lock", which the operating system drops
-// when the process ends, however it ends: a crashed server leaves nothing to
-// clean up. keys, backup and check never claim, so they work beside a server.
+// claimServer makes this process the one server of the database at path until release; another claim fails at once.
+// It holds an exclusive SQLite lock on path+"-lock", which the system drops when the process ends however it ends.
+// keys, backup and check never claim: they work beside a server.
 func claimServer(path string) (release func() error, err error) {
 	if err := checkDir(path); err != nil {
 		return nil, err
@@ -702,8 +674,7 @@ func claimServer(path string) (release func() error, err error) {
 
 const timeLayout = "2006-01-02T15:04:05.000Z07:00" // RFC 3339, UTC, milliseconds
 
-// timestamp is a time as stored and shown: text in timeLayout, NULL and null
-// for the zero time.
+// timestamp is a time as stored and shown: text in timeLayout, NULL and null for the zero time.
 type timestamp struct{ time.Time }
 
 // now is the one clock every stored time comes from.
@@ -756,8 +727,7 @@ func (m metadata) Value() (driver.Value, error) {
 
 // --- keys ---
 
-// createKey mints a key for account and returns the secret, shown once, and
-// the key's id.
+// createKey mints a key for account and returns the secret, shown once, and the key's id.
 func (s *store) createKey(ctx context.Context, account string, readOnly bool) (secret, id string, err error) {
 	raw := make([]byte, 32)
 	rand.Read(raw)
@@ -789,8 +759,7 @@ func (s *store) listKeys(ctx context.Context) ([]apiKey, error) {
 	return keys, rows.Err()
 }
 
-// revokeKey revokes the key with id, or returns errNotFound. Revoking a
-// revoked key changes nothing and is not an error.
+// revokeKey revokes the key with id, or returns errNotFound; revoking it again changes nothing.
 func (s *store) revokeKey(ctx context.Context, id string) error {
 	var found int64
 	err := s.write(ctx, func(tx *writeTx) error {
@@ -806,13 +775,12 @@ func (s *store) revokeKey(ctx context.Context, id string) error {
 	return err
 }
 
-// authenticate treats unknown and revoked keys alike. It reads the database
-// every time, so that a revoke from another process stops the very next request.
+// authenticate reads the database every time: a revoke from another process stops the next request.
 func (s *store) authenticate(ctx context.Context, secret string) (apiKey, error) {
 	hash := sha256.Sum256([]byte(secret))
 	var k apiKey
-	err := s.reads.queryRow(ctx, `SELECT id, account, read_only FROM api_keys WHERE secret_hash = ? AND revoked_at IS NULL`,
-		hash[:]).Scan(&k.ID, &k.Account, &k.ReadOnly)
+	err := s.reads.queryRow(ctx, `SELECT id, account, read_only FROM api_keys
+		WHERE secret_hash = ? AND revoked_at IS NULL`, hash[:]).Scan(&k.ID, &k.Account, &k.ReadOnly)
 	if errors.Is(err, sql.ErrNoRows) {
 		return apiKey{}, errUnknownKey
 	}
@@ -839,8 +807,7 @@ func (s *store) liveKeys(ctx context.Context) ([][sha256.Size]byte, error) {
 	return hashes, rows.Err()
 }
 
-// noteKeyUsed records a key's last use at most once a minute, in the
-// background, so that reads do not each cost a write.
+// noteKeyUsed records a key's last use at most once a minute, in the background: reads cost no write.
 func (s *store) noteKeyUsed(id string) {
 	t := now()
 	if saved, ok := s.lastUsedSaved.Load(id); ok && t.Sub(saved.(time.Time)) < time.Minute {
@@ -855,16 +822,15 @@ func (s *store) noteKeyUsed(id string) {
 
 // --- buttons ---
 
-// buttonFields are the columns a button row and a history row share, in the
-// order of fieldValues; fieldPlaceholders write "" and 0 as NULL.
+// buttonFields are the columns button and history rows share, in fieldValues' order; fieldPlaceholders write "" and
+// 0 as NULL.
 const (
 	buttonFields = `product_name, description, amount_minor, currency, billing_interval, payment_method,
 	payment_type, is_live, fee_basis_points, metadata, state, version, created_at, updated_at, deleted_at`
 	fieldPlaceholders = `?, nullif(?, ''), ?, ?, nullif(?, ''), ?, ?, ?, nullif(?, 0), ?, ?, ?, ?, ?, ?`
 )
 
-// selectFields reads buttonFields back with NULL as the zero value;
-// selectButton reads a whole button row, in scanButton's order.
+// selectFields reads buttonFields back, NULL as the zero value; selectButton reads a row for scanButton.
 const (
 	selectFields = `product_name, coalesce(description, ''), amount_minor, currency, coalesce(billing_interval, ''),
 	payment_method, payment_type, is_live, coalesce(fee_basis_points, 0), metadata, state, version,
@@ -877,8 +843,7 @@ func fieldValues(b button) []any {
 		b.PaymentType, b.IsLive, b.FeeBasisPoints, b.Metadata, b.State, b.Version, b.CreatedAt, b.UpdatedAt, b.DeletedAt}
 }
 
-// scanButton reads a row of selectButton, then into extra any columns
-// selected after it. No row is errNotFound.
+// scanButton reads a row of selectButton, then into extra the columns after it. No row is errNotFound.
 func scanButton(row interface{ Scan(...any) error }, extra ...any) (button, error) {
 	var b button
 	err := row.Scan(append([]any{&b.ID, &b.Account, &b.ProductName, &b.Description, &b.AmountMinor, &b.Currency,
@@ -907,8 +872,7 @@ func scanButtons(rows *sql.Rows, err error) ([]button, error) {
 	return buttons, classify(rows.Err())
 }
 
-// getButtonWithKey checks the key in the query that reads the button: get is
-// the hottest path, and a key query of its own costs as much as the read.
+// getButtonWithKey checks the key in the query that reads the button: get is the hottest path.
 func (s *store) getButtonWithKey(ctx context.Context, secret, id string) (apiKey, button, error) {
 	if validButtonID(id) {
 		hash := sha256.Sum256([]byte(secret))
@@ -927,18 +891,15 @@ func (s *store) getButtonWithKey(ctx context.Context, secret, id string) (apiKey
 	return k, button{}, err
 }
 
-// listButtons pages through account's buttons by id, newest first: ids grow
-// with time, so "id < after" is a cursor that neither skips nor repeats a
-// button while others are being created. A filter that no index serves
-// (isLive, paymentMethod, metadata) examines at most maxScan rows: the page
-// may then hold fewer than f.Limit buttons, and scanEnd is where the next starts.
+// listButtons pages through account's buttons by id, newest first: ids grow with time, so "id < after" neither
+// skips nor repeats a button while others are created. A filter no index serves (isLive, paymentMethod, metadata)
+// examines at most maxScan rows; scanEnd then says where the next page starts.
 func (s *store) listButtons(ctx context.Context, account string, f listFilter) ([]button, string, error) {
 	where, args := "account = ?", []any{account}
 	if f.After != "" {
 		where, args = where+" AND id < ?", append(args, f.After)
 	}
-	// Without statistics SQLite would walk the primary key and test each row's
-	// state; with the index, a page of a rare state costs one page of reads.
+	// Without statistics SQLite would walk the primary key: a page of a rare state would cost the account.
 	table := "buttons"
 	if f.State != "" {
 		table, where, args = "buttons INDEXED BY buttons_by_state", where+" AND state = ?", append(args, f.State)
@@ -971,7 +932,8 @@ func (s *store) listButtons(ctx context.Context, account string, f listFilter) (
 	return buttons, scanEnd, err
 }
 
-func (s *store) buttonHistory(ctx context.Context, account, id string, after, limit int64) ([]historyEntry, int64, error) {
+func (s *store) buttonHistory(ctx context.Context, account, id string, after, limit int64) (
+	[]historyEntry, int64, error) {
 	if !validButtonID(id) {
 		return nil, 0, errNotFound
 	}
@@ -988,8 +950,7 @@ func (s *store) buttonHistory(ctx context.Context, account, id string, after, li
 		return nil, 0, classify(err)
 	}
 	created.At = current.CreatedAt
-	// Row v holds the button as it was before change v, so the changes of the
-	// page and the state after its last one take rows after+1 to after+limit+1.
+	// Row v holds the button before change v: the page and the state after it take rows after+1..after+limit+1.
 	rows, err := tx.QueryContext(ctx, `SELECT button_id, account, `+selectFields+`, 0,
 			change_version, action, key_id, request_id, changed_at
 		FROM button_history WHERE button_id = ? AND account = ? AND change_version BETWEEN ? AND ?`,
@@ -1035,9 +996,9 @@ func (s *store) createButton(ctx context.Context, who actor, b button) (outcome,
 	})
 }
 
-// updateButton lets change edit the actor's active button, or returns
-// errNotFound, errPreconditionFailed, wrong_state, or change's own error.
-func (s *store) updateButton(ctx context.Context, who actor, id string, ifMatch int64, change func(*button) error) (outcome, error) {
+// updateButton lets change edit the actor's active button.
+func (s *store) updateButton(ctx context.Context, who actor, id string, ifMatch int64,
+	change func(*button) error) (outcome, error) {
 	return s.modifyButton(ctx, who, id, ifMatch, "update", func(b *button) error {
 		if b.State != stateActive {
 			return wrongState("button is deleted; restore it first")
@@ -1046,8 +1007,7 @@ func (s *store) updateButton(ctx context.Context, who actor, id string, ifMatch 
 	})
 }
 
-// setState deletes the actor's button (to deleted: the row stays, marked) or
-// restores it (to active).
+// setState deletes the actor's button (the row stays, marked) or restores it.
 func (s *store) setState(ctx context.Context, who actor, id string, ifMatch int64, to string) (outcome, error) {
 	action, already := "delete", "button is already deleted"
 	if to == stateActive {
@@ -1065,18 +1025,17 @@ func (s *store) setState(ctx context.Context, who actor, id string, ifMatch int6
 	})
 }
 
-// modifyButton is the one read-check-write path behind update, delete and
-// restore: inside the writer's transaction it reads the row, checks ifMatch,
-// applies change (refusals in that order: 404, 412, change's own) and, unless
-// the change left every value as it was, writes the button back as the next
-// version with the next changeSeq, and the button as it was into its history.
+// modifyButton is the read-check-write path of update, delete and restore: in the writer's transaction it reads the
+// row, checks ifMatch, applies change (refusals in that order: 404, 412, change's) and, unless nothing changed,
+// writes the next version with the next changeSeq, and the one before into its history.
 func (s *store) modifyButton(ctx context.Context, who actor, id string, ifMatch int64, action string,
 	change func(*button) error) (outcome, error) {
 	if !validButtonID(id) {
 		return outcome{}, s.reject(ctx, who, errNotFound) // no write unless an Idempotency-Key keeps the 404
 	}
 	return s.writeAnswered(ctx, who, func(tx *writeTx) (outcome, error) {
-		b, err := scanButton(tx.queryRow(`SELECT `+selectButton+` FROM buttons WHERE account = ? AND id = ?`, who.Account, id))
+		b, err := scanButton(tx.queryRow(`SELECT `+selectButton+` FROM buttons WHERE account = ? AND id = ?`,
+			who.Account, id))
 		if err != nil {
 			return outcome{}, err
 		}
@@ -1108,12 +1067,11 @@ func (s *store) modifyButton(ctx context.Context, who actor, id string, ifMatch 
 
 // --- idempotency keys ---
 
-// writeAnswered runs change in the writer's next transaction. change returns
-// its outcome, an *apiError outcome (nothing written), or a fault. When who
-// carries an Idempotency-Key, the answer to the outcome is stored in the same
-// transaction, so a crash keeps neither the change without its answer nor the
-// answer without its change. It returns the outcome, or the batch's fault.
-func (s *store) writeAnswered(ctx context.Context, who actor, change func(tx *writeTx) (outcome, error)) (outcome, error) {
+// writeAnswered runs change in the writer's next transaction: its outcome, an *apiError (nothing written) or a
+// fault. An Idempotency-Key's answer is stored in the same transaction, so that a crash keeps neither the change
+// without its answer nor the answer without its change.
+func (s *store) writeAnswered(ctx context.Context, who actor,
+	change func(tx *writeTx) (outcome, error)) (outcome, error) {
 	var out outcome
 	var refusal error
 	key := who.Idempotency
@@ -1160,11 +1118,11 @@ func (s *store) findResponse(ctx context.Context, account, key string) (storedRe
 	return r, classify(err)
 }
 
-// purgeExpired deletes up to limit answers older than idempotencyTTL and
-// returns how many; the limit keeps it from holding the writer for long.
+// purgeExpired deletes up to limit expired answers, so as never to hold the writer long, and says how many.
 func purgeExpired(tx *writeTx, limit int) (int64, error) {
 	res, err := tx.exec(`DELETE FROM idempotency_keys WHERE (account, key) IN
-		(SELECT account, key FROM idempotency_keys WHERE created_at <= ? LIMIT ?)`, timestamp{now().Add(-idempotencyTTL)}, limit)
+		(SELECT account, key FROM idempotency_keys WHERE created_at <= ? LIMIT ?)`,
+		timestamp{now().Add(-idempotencyTTL)}, limit)
 	if err != nil {
 		return 0, err
 	}
@@ -1190,10 +1148,8 @@ func openOwn(ctx context.Context, path string) (*sql.DB, error) {
 	return db, nil
 }
 
-// backup writes a consistent copy of the database at src to dest while
-// servers keep writing to it. It refuses to overwrite dest, and writes the
-// copy beside it under a temporary name first, so that a backup killed
-// halfway leaves nothing at dest.
+// backup writes a consistent copy of the database at src to dest while servers write to it. It refuses to overwrite
+// dest, and copies to a temporary name first: a backup killed halfway leaves nothing at dest.
 func backup(ctx context.Context, src, dest string) error {
 	if _, err := os.Lstat(dest); err == nil {
 		return fmt.Errorf("%q already exists; not overwriting it", dest)
@@ -1212,8 +1168,8 @@ func backup(ctx context.Context, src, dest string) error {
 	return os.Rename(partial, dest)
 }
 
-// integrityCheck returns what PRAGMA integrity_check says of the database at
-// path: "ok", or a line for each problem found.
+// integrityCheck returns what PRAGMA integrity_check says of the database at path: "ok", or a line for each problem
+// found.
 func integrityCheck(ctx context.Context, path string) (string, error) {
 	db, err := openOwn(ctx, path)
 	if err != nil {
@@ -1221,7 +1177,8 @@ func integrityCheck(ctx context.Context, path string) (string, error) {
 	}
 	defer db.Close()
 	var report string
-	err = db.QueryRowContext(ctx, "SELECT group_concat(integrity_check, char(10)) FROM pragma_integrity_check").Scan(&report)
+	err = db.QueryRowContext(ctx, `SELECT group_concat(integrity_check, char(10))
+		FROM pragma_integrity_check`).Scan(&report)
 	return report, describeOpenError(err)
 }
 
@@ -1229,10 +1186,9 @@ func integrityCheck(ctx context.Context, path string) (string, error) {
 
 const crockford = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
-// idGenerator makes button ids: "btn_" and 26 Crockford base32 characters
-// holding 48 bits of Unix milliseconds then 80 random bits (a ULID). Within one
-// millisecond the random part counts up, so the ids one process makes are
-// strictly increasing and a list cursor never misses a button made after it.
+// idGenerator makes button ids: "btn_" and 26 Crockford base32 characters of 48 bits of Unix milliseconds then 80
+// random bits (a ULID). Within a millisecond the random part counts up: the ids one process makes strictly
+// increase, and a list cursor never misses a button made after it.
 type idGenerator struct {
 	mu     sync.Mutex
 	hi, lo uint64 // the last id: the milliseconds and 16 random bits, then 64 more
@@ -1256,8 +1212,7 @@ func (g *idGenerator) next() string {
 	return "btn_" + string(out[:])
 }
 
-// validButtonID reports whether id has the form next makes, so that anything
-// else is answered "not found" without a query.
+// validButtonID reports whether id has the form next makes: anything else is not found, without a query.
 func validButtonID(id string) bool {
 	rest, ok := strings.CutPrefix(id, "btn_")
 	return ok && rest != "" && rest[0] <= '7' && asciiIn(rest, 26, 26, crockford)

@@ -21,8 +21,8 @@ import (
 const (
 	maxNameRunes        = 250
 	maxDescriptionRunes = 5000
-	// maxAmountMinor is 10^15 minor units: far above any real price, and small
-	// enough that every amount fits an int64 in any currency's minor unit.
+	// maxAmountMinor is 10^15 minor units: far above any real price, and small enough that every amount fits an
+	// int64 in any currency's minor unit.
 	maxAmountMinor      int64 = 1_000_000_000_000_000
 	maxFeeBasisPoints   int64 = 10_000 // 100%
 	maxMetadataKeys           = 50
@@ -36,13 +36,13 @@ var (
 	createFields = []string{"productName", "description", "amount", "currency",
 		"billingInterval", "paymentMethod", "paymentType", "isLive", feeField, "metadata"}
 	updateFields = []string{"productName", "description", "amount", "currency", feeField, "metadata"}
-	// fixedFields are chosen at create; an update body that names them is refused
-	// rather than silently ignored, so a client never believes it changed them.
+	// fixedFields are chosen at create; an update body that names them is refused rather than silently ignored, so
+	// a client never believes it changed them.
 	fixedFields = []string{"paymentMethod", "paymentType", "isLive", "billingInterval"}
 )
 
-// problems are what is wrong with a request: field -> why, the first problem
-// found for a field wins. Problems with the body as a whole are under "body".
+// problems are what is wrong with a request: field -> why, the first problem found for a field wins. Problems with
+// the body as a whole are under "body".
 type problems map[string]string
 
 func (p problems) fail(name, why string) {
@@ -51,8 +51,8 @@ func (p problems) fail(name, why string) {
 	}
 }
 
-// text records under name what is wrong with s, if anything: more than max
-// characters, or one that bad reports (described by badWhy).
+// text records under name what is wrong with s, if anything: more than max characters, or one that bad reports
+// (described by badWhy).
 func (p problems) text(name, s string, max int, bad func(rune) bool, badWhy string) bool {
 	switch n := utf8.RuneCountInString(s); {
 	case n > max:
@@ -65,8 +65,8 @@ func (p problems) text(name, s string, max int, bad func(rune) bool, badWhy stri
 	return false
 }
 
-// invalid is the 400 for problems, nil for none: its message is "<field>
-// <why>" for one problem, "N fields are invalid: a, b" for several.
+// invalid is the 400 for problems, nil for none: its message is "<field> <why>" for one problem, "N fields are
+// invalid: a, b" for several.
 func invalid(problems problems) error {
 	if len(problems) == 0 {
 		return nil
@@ -81,9 +81,8 @@ func invalid(problems problems) error {
 
 // --- bodies ---
 
-// decodeCreate reads a create body into a button. providerName is the
-// paymentMethod value of the service's own processor. On failure it returns
-// invalid_request naming every failing field.
+// decodeCreate reads a create body into a button. providerName is the paymentMethod value of the service's own
+// processor. On failure it returns invalid_request naming every failing field.
 func decodeCreate(body []byte, providerName string) (button, error) {
 	f, err := readObject(body, createFields)
 	if err != nil {
@@ -130,11 +129,10 @@ func decodeCreate(body []byte, providerName string) (button, error) {
 	return b, invalid(f.problems)
 }
 
-// decodeUpdate checks each field of an update body on its own and returns
-// apply, which checks the change against the stored button and makes it:
-// the amount in the currency the button will have (a new currency without a
-// new amount re-expresses the stored one), the fee only on a StripeConnect
-// button, metadata merged key by key. Both fail with invalid_request.
+// decodeUpdate checks each field of an update body on its own and returns apply, which checks the change against
+// the stored button and makes it: the amount in the currency the button will have (a new currency without a new
+// amount re-expresses the stored one), the fee only on a StripeConnect button, metadata merged key by key. Both
+// fail with invalid_request.
 func decodeUpdate(body []byte) (apply func(*button) error, err error) {
 	f, err := readObject(body, slices.Concat(updateFields, fixedFields))
 	if err != nil {
@@ -199,11 +197,10 @@ func decodeUpdate(body []byte) (apply func(*button) error, err error) {
 	}, nil
 }
 
-// readObject reads body as exactly one JSON object, then walks it name by
-// name, so that exact names and repeats are seen (encoding/json alone folds
-// case and keeps the last repeat). Unknown and repeated names are recorded as
-// problems. When the body itself is unusable it returns invalid_request with
-// only a "body" entry, saying where (zero-based), never encoding/json's text.
+// readObject reads body as exactly one JSON object, then walks it name by name, so that exact names and repeats are
+// seen (encoding/json alone folds case and keeps the last repeat). Unknown and repeated names are recorded as
+// problems. When the body itself is unusable it returns invalid_request with only a "body" entry, saying where
+// (zero-based), never encoding/json's text.
 func readObject(body []byte, known []string) (*fields, error) {
 	var object json.RawMessage
 	var syntax *json.SyntaxError
@@ -250,8 +247,8 @@ func readObject(body []byte, known []string) (*fields, error) {
 	return f, nil
 }
 
-// unknownName is the problem for a field or query parameter not in known,
-// suggesting the known name it matches ignoring case.
+// unknownName is the problem for a field or query parameter not in known, suggesting the known name it matches
+// ignoring case.
 func unknownName(kind, name string, known []string) string {
 	if i := slices.IndexFunc(known, func(k string) bool { return strings.EqualFold(name, k) }); i >= 0 {
 		return fmt.Sprintf("unknown %s; did you mean %q?", kind, known[i])
@@ -259,15 +256,14 @@ func unknownName(kind, name string, known []string) string {
 	return "unknown " + kind
 }
 
-// fields is one decoded body: the value of each known field given once (null
-// included; numbers as json.Number, their text), and the problems found so far.
+// fields is one decoded body: the value of each known field given once (null included; numbers as json.Number,
+// their text), and the problems found so far.
 type fields struct {
 	given map[string]any
 	problems
 }
 
-// get returns name's value; false when it is absent, null or already failed,
-// recording "is required" if it is.
+// get returns name's value; false when it is absent, null or already failed, recording "is required" if it is.
 func (f *fields) get(name string, required bool) (any, bool) {
 	v := f.given[name]
 	if _, failed := f.problems[name]; failed || v == nil {
@@ -289,9 +285,8 @@ func (f *fields) str(name string, required bool) (string, bool) {
 	return s, ok && isString
 }
 
-// number returns name's plain decimal, written as a JSON string or as a JSON
-// number whose text is read as is (never through float64); false when it has
-// none or it is not a plain decimal.
+// number returns name's plain decimal, written as a JSON string or as a JSON number whose text is read as is (never
+// through float64); false when it has none or it is not a plain decimal.
 func (f *fields) number(name string, required bool) (decimal, bool) {
 	v, _ := f.get(name, required)
 	text, isString := v.(string)
@@ -309,8 +304,8 @@ func (f *fields) number(name string, required bool) (decimal, bool) {
 	return d, ok && isString
 }
 
-// oneOf returns name's string when it is exactly one of allowed; false when it
-// is missing or not allowed, suggesting the spelling it matches ignoring case.
+// oneOf returns name's string when it is exactly one of allowed; false when it is missing or not allowed,
+// suggesting the spelling it matches ignoring case.
 func (f *fields) oneOf(name string, allowed ...string) (string, bool) {
 	s, ok := f.str(name, true)
 	if !ok || slices.Contains(allowed, s) {
@@ -351,8 +346,7 @@ func (f *fields) productName(required bool) (string, bool) {
 	return "", false
 }
 
-// description returns the description as given ("" means none); false when it
-// is absent, null or breaks a rule.
+// description returns the description as given ("" means none); false when it is absent, null or breaks a rule.
 func (f *fields) description() (string, bool) {
 	s, ok := f.str("description", false)
 	return s, ok && f.text("description", s, maxDescriptionRunes, func(r rune) bool {
@@ -360,9 +354,8 @@ func (f *fields) description() (string, bool) {
 	}, "control characters other than tab and line breaks")
 }
 
-// amount returns the amount when it is a plain decimal above zero; false when
-// it is absent or not. Its fit in the currency is minorUnits' job, so that a
-// bad currency still leaves the amount's own problems reported.
+// amount returns the amount when it is a plain decimal above zero; false when it is absent or not. Its fit in the
+// currency is minorUnits' job, so that a bad currency still leaves the amount's own problems reported.
 func (f *fields) amount(required bool) (decimal, bool) {
 	d, ok := f.number("amount", required)
 	if ok && d.isZero() {
@@ -372,8 +365,7 @@ func (f *fields) amount(required bool) (decimal, bool) {
 	return d, ok
 }
 
-// currency returns the upper-cased code; false when it is absent or not an
-// active, chargeable ISO 4217 currency.
+// currency returns the upper-cased code; false when it is absent or not an active, chargeable ISO 4217 currency.
 func (f *fields) currency(required bool) (string, bool) {
 	s, ok := f.str("currency", required)
 	code := strings.ToUpper(s) // ASCII only, checked below: strings.ToUpper maps "ſ" to "S"
@@ -397,8 +389,7 @@ var billingIntervals = map[string]string{
 	"daily": "day", "weekly": "week", "monthly": "month", "yearly": "year", "annually": "year",
 }
 
-// billingInterval returns the stored interval, "" when absent, null or "";
-// false only when the value breaks a rule.
+// billingInterval returns the stored interval, "" when absent, null or ""; false only when the value breaks a rule.
 func (f *fields) billingInterval() (string, bool) {
 	s, _ := f.str("billingInterval", false)
 	// Lower-cased as ASCII only: strings.ToLower maps the Kelvin sign to "k".
@@ -413,8 +404,8 @@ func (f *fields) billingInterval() (string, bool) {
 	return interval, true
 }
 
-// fee returns ApplicationFeePercentage in basis points; false when it is
-// absent or not a multiple of 0.01 between 0.01 and 100.
+// fee returns ApplicationFeePercentage in basis points; false when it is absent or not a multiple of 0.01 between
+// 0.01 and 100.
 func (f *fields) fee() (int64, bool) {
 	d, ok := f.number(feeField, false)
 	bp, fits := d.scaled(2, maxFeeBasisPoints)
@@ -430,9 +421,8 @@ func (f *fields) fee() (int64, bool) {
 	return 0, false
 }
 
-// metadata returns stored with the body's metadata merged into it: a string
-// value sets its key, null or "" removes it (so a create's are simply left
-// out). false when the body has none (absent or null) or it breaks a rule;
+// metadata returns stored with the body's metadata merged into it: a string value sets its key, null or "" removes
+// it (so a create's are simply left out). false when the body has none (absent or null) or it breaks a rule;
 // problems are under "metadata" for the object and "metadata.KEY" for a value.
 func (f *fields) metadata(stored map[string]string) (map[string]string, bool) {
 	v, ok := f.get("metadata", false)
@@ -474,8 +464,8 @@ type query struct {
 	problems
 }
 
-// readQuery parses raw, noting unknown and repeated parameters. A known name
-// "metadata[KEY]" stands for every metadata[...] parameter.
+// readQuery parses raw, noting unknown and repeated parameters. A known name "metadata[KEY]" stands for every
+// metadata[...] parameter.
 func readQuery(raw string, known ...string) *query {
 	q := &query{problems: problems{}}
 	var err error
@@ -561,15 +551,15 @@ func decodeListQuery(rawQuery, providerName string) (listFilter, error) {
 	return f, invalid(q.problems)
 }
 
-// decodeHistoryQuery reads the history endpoint's query: limit (1 to 100,
-// default 100) and after, the version a previous page ended at.
+// decodeHistoryQuery reads the history endpoint's query: limit (1 to 100, default 100) and after, the version a
+// previous page ended at.
 func decodeHistoryQuery(rawQuery string) (limit, after int64, err error) {
 	q := readQuery(rawQuery, "limit", "after")
 	return q.whole("limit", 1, 100, 100), q.whole("after", 0, math.MaxInt64, 0), invalid(q.problems)
 }
 
-// decodeChangesQuery reads the change feed's query: since (a changeSeq, 0 for
-// everything), limit (1 to 100, default 100) and wait (0 to 60 seconds).
+// decodeChangesQuery reads the change feed's query: since (a changeSeq, 0 for everything), limit (1 to 100, default
+// 100) and wait (0 to 60 seconds).
 func decodeChangesQuery(rawQuery string) (since, limit int64, wait time.Duration, err error) {
 	q := readQuery(rawQuery, "since", "limit", "wait")
 	since, limit = q.whole("since", 0, math.MaxInt64, 0), q.whole("limit", 1, 100, 100)
@@ -593,12 +583,12 @@ func asciiIn(s string, min, max int, allowed string) bool {
 
 // --- amounts ---
 
-// decimal is a non-negative plain decimal split at its dot, without leading
-// zeros in the whole part or trailing zeros in the fraction ("007.50" is "7", "5").
+// decimal is a non-negative plain decimal split at its dot, without leading zeros in the whole part or trailing
+// zeros in the fraction ("007.50" is "7", "5").
 type decimal struct{ whole, frac string }
 
-// parseDecimal reads digits, optionally followed by a dot and more digits. It
-// returns false for anything else: a sign, an exponent, spaces, a dot at either end.
+// parseDecimal reads digits, optionally followed by a dot and more digits. It returns false for anything else: a
+// sign, an exponent, spaces, a dot at either end.
 func parseDecimal(s string) (decimal, bool) {
 	whole, frac, dot := strings.Cut(s, ".")
 	if !asciiIn(whole, 1, len(s), digits) || dot && !asciiIn(frac, 1, len(s), digits) {
@@ -612,8 +602,8 @@ func (d decimal) isZero() bool { return d.whole == "" && d.frac == "" }
 // places is how many decimal places d needs.
 func (d decimal) places() int { return len(d.frac) }
 
-// scaled returns d * 10^exp; false when d needs more than exp places or the
-// result is above limit. Digit strings of any length are safe.
+// scaled returns d * 10^exp; false when d needs more than exp places or the result is above limit. Digit strings of
+// any length are safe.
 func (d decimal) scaled(exp int, limit int64) (int64, bool) {
 	if d.places() > exp || d.isZero() {
 		return 0, d.isZero()
@@ -623,10 +613,9 @@ func (d decimal) scaled(exp int, limit int64) (int64, bool) {
 	return n, err == nil && n <= limit
 }
 
-// minorUnits returns d in currency's minor units, or records under name why
-// it cannot be: more decimal places than the currency has, above
-// maxAmountMinor, or a currency no longer in the table (a button stored before
-// its code was withdrawn).
+// minorUnits returns d in currency's minor units, or records under name why it cannot be: more decimal places than
+// the currency has, above maxAmountMinor, or a currency no longer in the table (a button stored before its code was
+// withdrawn).
 func (f *fields) minorUnits(name string, d decimal, currency string) int64 {
 	exp, active := currencyExponents[currency]
 	n, fits := d.scaled(exp, maxAmountMinor)
@@ -645,10 +634,9 @@ func (f *fields) minorUnits(name string, d decimal, currency string) int64 {
 
 // --- currencies ---
 
-// currencyExponents holds every active ISO 4217 currency (List One, amendments
-// through late 2026) with its minor unit: the decimal places an amount may have.
-// Withdrawn codes are left out: ANG (replaced by XCG), BGN (euro, 2026), CUC,
-// HRK, SLL, ZWL and older ones.
+// currencyExponents holds every active ISO 4217 currency (List One, amendments through late 2026) with its minor
+// unit: the decimal places an amount may have. Withdrawn codes are left out: ANG (replaced by XCG), BGN (euro,
+// 2026), CUC, HRK, SLL, ZWL and older ones.
 var currencyExponents = codeTable(map[int]string{
 	0: "BIF CLP DJF GNF ISK JPY KMF KRW PYG RWF UGX VND VUV XAF XOF XPF",
 	2: `AED AFN ALL AMD AOA ARS AUD AWG AZN BAM BBD BDT BMD BND BOB BRL BSD BTN BWP BYN BZD
@@ -661,8 +649,8 @@ var currencyExponents = codeTable(map[int]string{
 	3: "BHD IQD JOD KWD LYD OMR TND",
 })
 
-// currencyExclusions are ISO 4217 codes that name no money a button can charge,
-// or no longer name any, each with the reason given to the client.
+// currencyExclusions are ISO 4217 codes that name no money a button can charge, or no longer name any, each with
+// the reason given to the client.
 var currencyExclusions = codeTable(map[string]string{
 	"is a fund code, not a chargeable currency":                  "BOV CHE CHW CLF COU MXV USN UYI UYW",
 	"is a precious metal code, not a chargeable currency":        "XAG XAU XPD XPT",
