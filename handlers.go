@@ -11,12 +11,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"math"
 	mathrand "math/rand/v2"
 	"mime"
 	"net"
 	"net/http"
+	"net/url"
 	"path"
 	"runtime/debug"
 	"slices"
@@ -25,6 +25,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
 )
 
 // maxBodyBytes caps every request body (64 KiB).
@@ -86,8 +87,8 @@ func newServer(st storage, log *slog.Logger, cfg config) *server {
 	mux.Handle("GET /product-payment/history/{id}", s.keyed(false, s.handleHistory))
 	mux.Handle("GET /product-payment/changes", s.keyed(false, s.handleChanges))
 	mux.Handle("POST /product-payment/update/{id}", s.keyed(true, s.handleUpdate))
-	mux.Handle("DELETE /product-payment/delete/{id}", s.keyed(true, s.changeState(stateDeleted, "deleted")))
-	mux.Handle("POST /product-payment/restore/{id}", s.keyed(true, s.changeState(stateActive, "restored")))
+	mux.Handle("DELETE /product-payment/delete/{id}", s.keyed(true, s.changeState("delete", "deleted")))
+	mux.Handle("POST /product-payment/restore/{id}", s.keyed(true, s.changeState("restore", "restored")))
 	mux.HandleFunc("GET /healthz", s.handleHealth)
 	mux.HandleFunc("GET /openapi.json", s.handleOpenAPI)
 	if cfg.metrics {
@@ -224,26 +225,22 @@ func (s *server) handleHistory(w http.ResponseWriter, r *http.Request, who actor
 				data.Items[i].Changes[name] = change{from, nil}
 			}
 		}
-		if data.HasMore = e.Version < current; data.HasMore {
-			data.Next = &data.Items[i].Version
-		}
+	}
+	if n := len(data.Items); n > 0 && data.Items[n-1].Version < current {
+		data.HasMore, data.Next = true, &data.Items[n-1].Version
 	}
 	s.writeJSON(w, r, http.StatusOK, envelope{IsSuccess: true, Data: data, Message: "ok"})
 }
 
-// auditedFields are a button's fields as get renders them, the ones history reports changes of (version and times
-// change every time, so they are left out), each metadata key on its own as "metadata.KEY".
+// auditedFields are a button's fields as get renders them, the ones history reports changes of (the id, version,
+// changeSeq and times are left out), each metadata key on its own as "metadata.KEY".
 func auditedFields(b button) map[string]any {
-	v := viewOf(b)
-	orNull := func(s *string) any {
-		if s == nil {
-			return nil
-		}
-		return *s
+	var fields map[string]any
+	view, _ := json.Marshal(viewOf(b))
+	json.Unmarshal(view, &fields)
+	for _, name := range []string{"id", "metadata", "version", "changeSeq", "createdAt", "updatedAt", "deletedAt"} {
+		delete(fields, name)
 	}
-	fields := map[string]any{"productName": v.ProductName, "description": orNull(v.Description), "amount": v.Amount,
-		"currency": v.Currency, "billingInterval": orNull(v.BillingInterval), "paymentMethod": v.PaymentMethod,
-		"paymentType": v.PaymentType, "isLive": v.IsLive, feeField: orNull(v.ApplicationFeePercentage), "state": v.State}
 	for key, value := range b.Metadata {
 		fields["metadata."+key] = value
 	}
@@ -301,17 +298,17 @@ func (s *server) handleUpdate(w http.ResponseWriter, r *http.Request, who actor)
 	ifMatch, refusal := parseIfMatch(r.Header.Get("If-Match"))
 	apply, bodyRefusal := decodeUpdate(body)
 	s.respond(w, r, who, body, "updated", cmp.Or(refusal, bodyRefusal), func(who actor) (outcome, error) {
-		return s.store.updateButton(r.Context(), who, r.PathValue("id"), ifMatch, apply)
+		return s.store.changeButton(r.Context(), who, r.PathValue("id"), ifMatch, "update", apply)
 	})
 }
 
-// changeState is the handler of delete (to deleted) and restore (to active), whose only input besides the id is
-// If-Match; any body is ignored.
-func (s *server) changeState(to, message string) func(w http.ResponseWriter, r *http.Request, who actor) {
+// changeState is the handler of delete and restore, whose only input besides the id is If-Match; any body is
+// ignored.
+func (s *server) changeState(action, message string) func(w http.ResponseWriter, r *http.Request, who actor) {
 	return func(w http.ResponseWriter, r *http.Request, who actor) {
 		ifMatch, refusal := parseIfMatch(r.Header.Get("If-Match"))
 		s.respond(w, r, who, nil, message, refusal, func(who actor) (outcome, error) {
-			return s.store.setState(r.Context(), who, r.PathValue("id"), ifMatch, to)
+			return s.store.changeButton(r.Context(), who, r.PathValue("id"), ifMatch, action, nil)
 		})
 	}
 }
@@ -393,6 +390,116 @@ func (s *server) respond(w http.ResponseWriter, r *http.Request, who actor, body
 		}
 		s.send(w, r, render(out, err), err)
 	}
+}
+
+// --- query strings ---
+
+// query is a request's query string and the problems found in it.
+type query struct {
+	values url.Values
+	problems
+}
+
+// readQuery parses raw, noting unknown and repeated parameters. A known name "metadata[KEY]" stands for every
+// metadata[...] parameter.
+func readQuery(raw string, known ...string) *query {
+	q := &query{problems: problems{}}
+	var err error
+	if q.values, err = url.ParseQuery(raw); err != nil {
+		q.problems["query"] = "is not a valid URL query string"
+	}
+	for name, given := range q.values {
+		pattern := name
+		if strings.HasPrefix(name, "metadata[") && strings.HasSuffix(name, "]") {
+			pattern = "metadata[KEY]"
+		}
+		switch {
+		case !slices.Contains(known, pattern):
+			q.problems[name] = unknownName("query parameter", name, known)
+		case len(given) > 1:
+			q.problems[name] = "is given more than once"
+		}
+	}
+	return q
+}
+
+// get returns the parameter's value; false when it is absent or already refused.
+func (q *query) get(name string) (string, bool) {
+	_, bad := q.problems[name]
+	return q.values.Get(name), !bad && q.values.Has(name)
+}
+
+// whole returns the parameter as a whole number from min to max, def when absent.
+func (q *query) whole(name string, min, max, def int64) int64 {
+	v, ok := q.get(name)
+	n, err := strconv.ParseInt(v, 10, 64)
+	if ok && (err != nil || !asciiIn(v, 1, 19, digits) || n < min || n > max) {
+		q.fail(name, fmt.Sprintf("must be a whole number from %d to %d", min, max))
+	}
+	if !ok {
+		return def
+	}
+	return n
+}
+
+// decodeListQuery reads the list endpoint's query string; state defaults to active.
+func decodeListQuery(rawQuery, providerName string) (listFilter, error) {
+	q := readQuery(rawQuery, "limit", "after", "state", "isLive", "paymentMethod", "metadata[KEY]")
+	f := listFilter{Limit: int(q.whole("limit", 1, 100, 20)), State: stateActive, Metadata: map[string]string{}}
+	if v, ok := q.get("after"); ok {
+		if !validButtonID(v) {
+			q.fail("after", "must be a button id, the next of a previous page")
+		}
+		f.After = v
+	}
+	if v, ok := q.get("state"); ok {
+		if f.State = v; v == "all" {
+			f.State = ""
+		} else if v != stateActive && v != stateDeleted {
+			q.fail("state", `must be one of "active", "deleted", "all"`)
+		}
+	}
+	if v, ok := q.get("isLive"); ok {
+		if v != "true" && v != "false" {
+			q.fail("isLive", `must be "true" or "false"`)
+		}
+		f.IsLive = new(v == "true")
+	}
+	if v, ok := q.get("paymentMethod"); ok {
+		if methods := []string{providerName, "Stripe", "StripeConnect"}; !slices.Contains(methods, v) {
+			q.fail("paymentMethod", "must be one of "+quoted(methods))
+		}
+		f.PaymentMethod = v
+	}
+	for name := range q.values {
+		key := strings.TrimSuffix(strings.TrimPrefix(name, "metadata["), "]")
+		if v, ok := q.get(name); ok && key != name {
+			switch {
+			case !asciiIn(key, 1, maxMetadataKeyBytes, nameChars):
+				q.fail(name, fmt.Sprintf("must name a key of 1 to %d of A-Z a-z 0-9 _ - .", maxMetadataKeyBytes))
+			case q.text(name, v, maxMetadataRunes, unicode.IsControl, "control characters") && v != "":
+				f.Metadata[key] = v
+			default:
+				q.fail(name, "must be a value of 1 to 500 characters")
+			}
+		}
+	}
+	return f, invalid(q.problems)
+}
+
+// decodeHistoryQuery reads the history endpoint's query: limit (1 to 100, default 100) and after, the version a
+// previous page ended at.
+func decodeHistoryQuery(rawQuery string) (limit, after int64, err error) {
+	q := readQuery(rawQuery, "limit", "after")
+	return q.whole("limit", 1, 100, 100), q.whole("after", 0, math.MaxInt64, 0), invalid(q.problems)
+}
+
+// decodeChangesQuery reads the change feed's query: since (a changeSeq, 0 for everything), limit (1 to 100, default
+// 100) and wait (0 to 60 seconds).
+func decodeChangesQuery(rawQuery string) (since, limit int64, wait time.Duration, err error) {
+	q := readQuery(rawQuery, "since", "limit", "wait")
+	since, limit = q.whole("since", 0, math.MaxInt64, 0), q.whole("limit", 1, 100, 100)
+	return since, limit, time.Duration(q.whole("wait", 0, 60, 0)) * time.Second, invalid(q.problems)
 }
 
 // --- views ---
@@ -703,14 +810,9 @@ func (s *server) withBasics(next http.Handler) http.Handler {
 				rec.Write(internalError)
 			}
 			// r.Pattern is the route the mux matched, "" for none.
-			s.log.LogAttrs(r.Context(), slog.LevelInfo, "request",
-				slog.String("method", r.Method),
-				slog.String("route", r.Pattern),
-				slog.Int("status", rec.status),
-				slog.Duration("duration", time.Since(start)),
-				slog.Int("bytes", rec.bytes),
-				slog.String("requestId", info.id),
-				slog.String("keyId", info.keyID))
+			s.log.LogAttrs(r.Context(), slog.LevelInfo, "request", slog.String("method", r.Method),
+				slog.String("route", r.Pattern), slog.Int("status", rec.status), slog.Duration("duration", time.Since(start)),
+				slog.Int("bytes", rec.bytes), slog.String("requestId", info.id), slog.String("keyId", info.keyID))
 			s.metrics.observe(r.Pattern, rec.status, time.Since(start))
 		}()
 		next.ServeHTTP(rec, r)
@@ -738,142 +840,8 @@ func (w *recordingWriter) Write(b []byte) (int, error) {
 // Unwrap lets http.ResponseController reach the connection.
 func (w *recordingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// --- rate limits ---
-
-// rateLimiter is a token bucket per key (an API key's id, or an address): rate tokens a second up to burst. A rate
-// of 0 turns it off.
-type rateLimiter struct {
-	rate, burst float64
-	mu          sync.Mutex
-	buckets     map[string]*tokenBucket
-}
-
-type tokenBucket struct {
-	tokens float64
-	at     time.Time
-}
-
-func newRateLimiter(rate float64, burst int) *rateLimiter {
-	return &rateLimiter{rate: rate, burst: float64(burst), buckets: map[string]*tokenBucket{}}
-}
-
-// allow takes a token from key's bucket; when there is none it says how long until there will be. Buckets that have
-// filled up again are forgotten once there are many, so that many addresses cannot grow the map without bound.
-func (l *rateLimiter) allow(key string, t time.Time) (bool, time.Duration) {
-	if l.rate <= 0 {
-		return true, 0
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.buckets) > 10_000 {
-		maps.DeleteFunc(l.buckets, func(_ string, b *tokenBucket) bool {
-			return b.tokens+t.Sub(b.at).Seconds()*l.rate >= l.burst
-		})
-	}
-	b, ok := l.buckets[key]
-	if !ok {
-		b = &tokenBucket{tokens: l.burst, at: t}
-		l.buckets[key] = b
-	}
-	b.tokens, b.at = min(l.burst, b.tokens+t.Sub(b.at).Seconds()*l.rate), t
-	if b.tokens >= 1 {
-		b.tokens--
-		return true, 0
-	}
-	return false, time.Duration((1 - b.tokens) / l.rate * float64(time.Second))
-}
-
-// --- metrics ---
-
-// metrics counts each route pattern's requests by status, and their durations, for /metrics. Labels never hold an
-// account, a key or a button id.
-type metrics struct {
-	mu     sync.Mutex
-	routes map[string]*routeMetrics
-}
-
-type routeMetrics struct {
-	statuses  map[int]int64
-	durations histogram
-}
-
-// durationBounds are the request duration histogram's buckets, in seconds.
-var durationBounds = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10}
-
-func (m *metrics) observe(route string, status int, d time.Duration) {
-	if m == nil {
-		return
-	}
-	route = cmp.Or(route, "unmatched")
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.routes[route] == nil {
-		m.routes[route] = &routeMetrics{statuses: map[int]int64{},
-			durations: histogram{bounds: durationBounds, counts: make([]int64, len(durationBounds)+1)}}
-	}
-	m.routes[route].statuses[status]++
-	m.routes[route].durations.observe(d.Seconds())
-}
-
-// histogram counts observations into buckets: counts[i] those up to bounds[i], the last those above every bound.
-type histogram struct {
-	bounds []float64
-	counts []int64
-	sum    float64
-}
-
-func (h *histogram) observe(v float64) {
-	i, _ := slices.BinarySearch(h.bounds, v)
-	h.counts[i]++
-	h.sum += v
-}
-
-// write writes h in the Prometheus text format, its buckets cumulative; label is `name="value"` or "".
-func (h *histogram) write(w io.Writer, name, label string) {
-	var total int64
-	for i, n := range h.counts {
-		total += n
-		le := "+Inf"
-		if i < len(h.bounds) {
-			le = strconv.FormatFloat(h.bounds[i], 'g', -1, 64)
-		}
-		fmt.Fprintf(w, "%s_bucket{%s%sle=%q} %d\n", name, label, strings.Repeat(",", min(len(label), 1)), le, total)
-	}
-	if label != "" {
-		label = "{" + label + "}"
-	}
-	fmt.Fprintf(w, "%s_sum%s %g\n%s_count%s %d\n", name, label, h.sum, name, label, total)
-}
-
 // handleMetrics answers in the Prometheus text exposition format.
 func (s *server) handleMetrics(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	var out bytes.Buffer
-	series := func(name, kind, help string) {
-		fmt.Fprintf(&out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, kind)
-	}
-	s.metrics.mu.Lock()
-	routes := slices.Sorted(maps.Keys(s.metrics.routes))
-	series("paybuttons_http_requests_total", "counter", "Requests answered, by route pattern and status code.")
-	for _, route := range routes {
-		statuses := s.metrics.routes[route].statuses
-		for _, status := range slices.Sorted(maps.Keys(statuses)) {
-			fmt.Fprintf(&out, "paybuttons_http_requests_total{route=%q,code=\"%d\"} %d\n", route, status, statuses[status])
-		}
-	}
-	series("paybuttons_http_request_duration_seconds", "histogram", "Time to answer a request, by route pattern.")
-	for _, route := range routes {
-		durations := s.metrics.routes[route].durations
-		durations.write(&out, "paybuttons_http_request_duration_seconds", fmt.Sprintf("route=%q", route))
-	}
-	s.metrics.mu.Unlock()
-	commits, ops, batches, size := s.store.stats()
-	series("paybuttons_db_commits_total", "counter", "Transactions the writer committed.")
-	fmt.Fprintf(&out, "paybuttons_db_commits_total %d\n", commits)
-	series("paybuttons_db_batch_size", "histogram", "Writes committed together in one transaction.")
-	sizes := histogram{bounds: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256}, counts: append(batches, 0), sum: float64(ops)}
-	sizes.write(&out, "paybuttons_db_batch_size", "")
-	series("paybuttons_db_size_bytes", "gauge", "Size of the database file.")
-	fmt.Fprintf(&out, "paybuttons_db_size_bytes %d\n", size)
-	w.Write(out.Bytes())
+	s.metrics.write(w, s.store)
 }

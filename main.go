@@ -4,6 +4,8 @@ package main
 
 import (
 	"bufio"
+	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -11,12 +13,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -382,4 +387,144 @@ func version() string {
 		return info.Main.Version + " " + info.GoVersion
 	}
 	return "(unknown)"
+}
+
+// --- rate limits ---
+
+// rateLimiter is a token bucket per key (an API key's id, or an address): rate tokens a second up to burst. A rate
+// of 0 turns it off.
+type rateLimiter struct {
+	rate, burst float64
+	mu          sync.Mutex
+	buckets     map[string]*tokenBucket
+}
+
+type tokenBucket struct {
+	tokens float64
+	at     time.Time
+}
+
+func newRateLimiter(rate float64, burst int) *rateLimiter {
+	return &rateLimiter{rate: rate, burst: float64(burst), buckets: map[string]*tokenBucket{}}
+}
+
+// allow takes a token from key's bucket; when there is none it says how long until there will be. Buckets that have
+// filled up again are forgotten once there are many, so that many addresses cannot grow the map without bound.
+func (l *rateLimiter) allow(key string, t time.Time) (bool, time.Duration) {
+	if l.rate <= 0 {
+		return true, 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.buckets) > 10_000 {
+		maps.DeleteFunc(l.buckets, func(_ string, b *tokenBucket) bool {
+			return b.tokens+t.Sub(b.at).Seconds()*l.rate >= l.burst
+		})
+	}
+	b, ok := l.buckets[key]
+	if !ok {
+		b = &tokenBucket{tokens: l.burst, at: t}
+		l.buckets[key] = b
+	}
+	b.tokens, b.at = min(l.burst, b.tokens+t.Sub(b.at).Seconds()*l.rate), t
+	if b.tokens >= 1 {
+		b.tokens--
+		return true, 0
+	}
+	return false, time.Duration((1 - b.tokens) / l.rate * float64(time.Second))
+}
+
+// --- metrics ---
+
+// metrics counts each route pattern's requests by status, and their durations, for /metrics. Labels never hold an
+// account, a key or a button id.
+type metrics struct {
+	mu     sync.Mutex
+	routes map[string]*routeMetrics
+}
+
+type routeMetrics struct {
+	statuses  map[int]int64
+	durations histogram
+}
+
+// durationBounds are the request duration histogram's buckets, in seconds.
+var durationBounds = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10}
+
+func (m *metrics) observe(route string, status int, d time.Duration) {
+	if m == nil {
+		return
+	}
+	route = cmp.Or(route, "unmatched")
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.routes[route] == nil {
+		m.routes[route] = &routeMetrics{statuses: map[int]int64{},
+			durations: histogram{bounds: durationBounds, counts: make([]int64, len(durationBounds)+1)}}
+	}
+	m.routes[route].statuses[status]++
+	m.routes[route].durations.observe(d.Seconds())
+}
+
+// histogram counts observations into buckets: counts[i] those up to bounds[i], the last those above every bound.
+type histogram struct {
+	bounds []float64
+	counts []int64
+	sum    float64
+}
+
+func (h *histogram) observe(v float64) {
+	i, _ := slices.BinarySearch(h.bounds, v)
+	h.counts[i]++
+	h.sum += v
+}
+
+// write writes h in the Prometheus text format, its buckets cumulative; label is `name="value"` or "".
+func (h *histogram) write(w io.Writer, name, label string) {
+	var total int64
+	for i, n := range h.counts {
+		total += n
+		le := "+Inf"
+		if i < len(h.bounds) {
+			le = strconv.FormatFloat(h.bounds[i], 'g', -1, 64)
+		}
+		fmt.Fprintf(w, "%s_bucket{%s%sle=%q} %d\n", name, label, strings.Repeat(",", min(len(label), 1)), le, total)
+	}
+	if label != "" {
+		label = "{" + label + "}"
+	}
+	fmt.Fprintf(w, "%s_sum%s %g\n%s_count%s %d\n", name, label, h.sum, name, label, total)
+}
+
+// write writes m and st's statistics in the Prometheus text exposition format. It formats into a buffer: a slow
+// reader must not hold the lock every request takes.
+func (m *metrics) write(w io.Writer, st storage) {
+	var out bytes.Buffer
+	series := func(name, kind, help string) {
+		fmt.Fprintf(&out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, kind)
+	}
+	m.mu.Lock()
+	routes := slices.Sorted(maps.Keys(m.routes))
+	series("paybuttons_http_requests_total", "counter", "Requests answered, by route pattern and status code.")
+	for _, route := range routes {
+		statuses := m.routes[route].statuses
+		for _, status := range slices.Sorted(maps.Keys(statuses)) {
+			fmt.Fprintf(&out, "paybuttons_http_requests_total{route=%q,code=\"%d\"} %d\n", route, status, statuses[status])
+		}
+	}
+	series("paybuttons_http_request_duration_seconds", "histogram", "Time to answer a request, by route pattern.")
+	for _, route := range routes {
+		durations := m.routes[route].durations
+		durations.write(&out, "paybuttons_http_request_duration_seconds", fmt.Sprintf("route=%q", route))
+	}
+	m.mu.Unlock()
+	commits, ops, batches, size := st.stats()
+	series("paybuttons_db_commits_total", "counter", "Transactions the writer committed.")
+	fmt.Fprintf(&out, "paybuttons_db_commits_total %d\n", commits)
+	series("paybuttons_db_batch_size", "histogram", "Writes committed together in one transaction.")
+	sizes := histogram{bounds: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256}, counts: append(batches, 0), sum: float64(ops)}
+	sizes.write(&out, "paybuttons_db_batch_size", "")
+	series("paybuttons_db_size_bytes", "gauge", "Size of the database file.")
+	fmt.Fprintf(&out, "paybuttons_db_size_bytes %d\n", size)
+	w.Write(out.Bytes())
 }

@@ -34,11 +34,12 @@ type storage interface {
 	changes(ctx context.Context, account string, since, limit int64) ([]button, error) // by changeSeq
 	watch(account string) <-chan struct{}                                              // closed at its next change
 
-	// The writes. ifMatch, when not 0, is the version the caller last saw.
+	// The writes. ifMatch, when not 0, is the version the caller last saw; action is "update" (made by edit),
+	// "delete" or "restore".
 	createButton(ctx context.Context, who actor, b button) (outcome, error)
-	updateButton(ctx context.Context, who actor, id string, ifMatch int64, change func(*button) error) (outcome, error)
-	setState(ctx context.Context, who actor, id string, ifMatch int64, to string) (outcome, error) // delete, restore
-	reject(ctx context.Context, who actor, refusal error) error                                    // keep it
+	changeButton(ctx context.Context, who actor, id string, ifMatch int64, action string,
+		edit func(*button) error) (outcome, error)
+	reject(ctx context.Context, who actor, refusal error) error // keep it
 	findResponse(ctx context.Context, account, key string) (storedResponse, error)
 
 	ping(ctx context.Context) error                           // reads every table; fails while writes are refused
@@ -232,6 +233,16 @@ func (c *statements) query(ctx context.Context, query string, args ...any) (*sql
 	return st.QueryContext(ctx, args...)
 }
 
+// exec runs query without a caller's context: the writer's statements must not be interrupted, since SQLite answers
+// an interrupted statement by rolling back every write in the transaction.
+func (c *statements) exec(query string, args ...any) (sql.Result, error) {
+	st, err := c.prepare(query)
+	if err != nil {
+		return nil, err
+	}
+	return st.Exec(args...)
+}
+
 // close comes before the database's Close: a connection with a statement open outlives DB.Close, and a process that
 // keeps one open makes the next server trust a crashed one's WAL index.
 func (c *statements) close() {
@@ -241,26 +252,13 @@ func (c *statements) close() {
 	})
 }
 
-// writeTx is the writer's connection, inside the batch's transaction. Its statements take no caller's context:
-// SQLite answers an interrupted statement by rolling back every write in the transaction.
+// writeTx is the writer's connection, inside the batch's transaction.
 type writeTx struct {
+	statements
 	conn      *sql.Conn
-	stmts     statements
 	committed int64    // the last changeSeq committed
 	seq       int64    // the last changeSeq this batch gave out
 	changed   []string // the accounts this batch changes
-}
-
-func (tx *writeTx) exec(query string, args ...any) (sql.Result, error) {
-	st, err := tx.stmts.prepare(query)
-	if err != nil {
-		return nil, err
-	}
-	return st.Exec(args...)
-}
-
-func (tx *writeTx) queryRow(query string, args ...any) *sql.Row {
-	return tx.stmts.queryRow(context.Background(), query, args...)
 }
 
 // nextChange gives a change to one of account's buttons the next changeSeq.
@@ -286,7 +284,7 @@ func openStore(path string) (*store, error) {
 		stopped: make(chan struct{}), watchers: map[string]chan struct{}{}}
 	conn, err := writer.Conn(context.Background())
 	if err == nil {
-		s.tx = &writeTx{conn: conn, stmts: statements{db: conn}}
+		s.tx = &writeTx{conn: conn, statements: statements{db: conn}}
 		if err = migrate(conn); err == nil {
 			err = conn.QueryRowContext(context.Background(), "SELECT last FROM change_counter").Scan(&s.tx.committed)
 		}
@@ -329,7 +327,7 @@ func (s *store) close() error {
 		if err == nil && busy != 0 {
 			err = errCheckpointBusy
 		}
-		s.tx.stmts.close()
+		s.tx.statements.close()
 		s.reads.close()
 		s.closeErr = errors.Join(err, s.tx.conn.Close(), s.reader.Close(), s.health.Close(), s.writer.Close())
 	})
@@ -744,19 +742,9 @@ func (s *store) createKey(ctx context.Context, account string, readOnly bool) (s
 func (s *store) listKeys(ctx context.Context) ([]apiKey, error) {
 	rows, err := s.reads.query(ctx,
 		`SELECT id, account, read_only, created_at, last_used_at, revoked_at FROM api_keys ORDER BY created_at, id`)
-	if err != nil {
-		return nil, classify(err)
-	}
-	defer rows.Close()
-	var keys []apiKey
-	for rows.Next() {
-		var k apiKey
-		if err := rows.Scan(&k.ID, &k.Account, &k.ReadOnly, &k.CreatedAt, &k.LastUsedAt, &k.RevokedAt); err != nil {
-			return nil, err
-		}
-		keys = append(keys, k)
-	}
-	return keys, rows.Err()
+	return collect(rows, err, func(rows *sql.Rows) (k apiKey, err error) {
+		return k, rows.Scan(&k.ID, &k.Account, &k.ReadOnly, &k.CreatedAt, &k.LastUsedAt, &k.RevokedAt)
+	})
 }
 
 // revokeKey revokes the key with id, or returns errNotFound; revoking it again changes nothing.
@@ -792,19 +780,11 @@ func (s *store) authenticate(ctx context.Context, secret string) (apiKey, error)
 
 func (s *store) liveKeys(ctx context.Context) ([][sha256.Size]byte, error) {
 	rows, err := s.reads.query(ctx, `SELECT secret_hash FROM api_keys WHERE revoked_at IS NULL`)
-	if err != nil {
-		return nil, classify(err)
-	}
-	defer rows.Close()
-	var hashes [][sha256.Size]byte
-	for rows.Next() {
-		var hash []byte
-		if err := rows.Scan(&hash); err != nil {
-			return nil, err
-		}
-		hashes = append(hashes, [sha256.Size]byte(hash))
-	}
-	return hashes, rows.Err()
+	return collect(rows, err, func(rows *sql.Rows) (hash [sha256.Size]byte, err error) {
+		var b []byte
+		err = rows.Scan(&b)
+		return [sha256.Size]byte(b), err
+	})
 }
 
 // noteKeyUsed records a key's last use at most once a minute, in the background: reads cost no write.
@@ -857,19 +837,24 @@ func scanButton(row interface{ Scan(...any) error }, extra ...any) (button, erro
 
 // scanButtons reads every row of selectButton.
 func scanButtons(rows *sql.Rows, err error) ([]button, error) {
+	return collect(rows, err, func(rows *sql.Rows) (button, error) { return scanButton(rows) })
+}
+
+// collect reads every row with scan; it is the one loop over query results.
+func collect[T any](rows *sql.Rows, err error, scan func(*sql.Rows) (T, error)) ([]T, error) {
 	if err != nil {
 		return nil, classify(err)
 	}
 	defer rows.Close()
-	buttons := []button{}
+	items := []T{}
 	for rows.Next() {
-		b, err := scanButton(rows)
+		item, err := scan(rows)
 		if err != nil {
 			return nil, classify(err)
 		}
-		buttons = append(buttons, b)
+		items = append(items, item)
 	}
-	return buttons, classify(rows.Err())
+	return items, classify(rows.Err())
 }
 
 // getButtonWithKey checks the key in the query that reads the button: get is the hottest path.
@@ -955,16 +940,15 @@ func (s *store) buttonHistory(ctx context.Context, account, id string, after, li
 			change_version, action, key_id, request_id, changed_at
 		FROM button_history WHERE button_id = ? AND account = ? AND change_version BETWEEN ? AND ?`,
 		id, account, after+1, after+limit+1)
+	entries, err := collect(rows, err, func(rows *sql.Rows) (e historyEntry, err error) {
+		e.Before, err = scanButton(rows, &e.Version, &e.Action, &e.KeyID, &e.RequestID, &e.At)
+		return e, err
+	})
 	if err != nil {
-		return nil, 0, classify(err)
+		return nil, 0, err
 	}
-	defer rows.Close()
 	byVersion := map[int64]historyEntry{1: created}
-	for rows.Next() {
-		var e historyEntry
-		if e.Before, err = scanButton(rows, &e.Version, &e.Action, &e.KeyID, &e.RequestID, &e.At); err != nil {
-			return nil, 0, classify(err)
-		}
+	for _, e := range entries {
 		byVersion[e.Version] = e
 	}
 	var page []historyEntry
@@ -975,7 +959,7 @@ func (s *store) buttonHistory(ctx context.Context, account, id string, after, li
 		}
 		page = append(page, e)
 	}
-	return page, current.Version, classify(rows.Err())
+	return page, current.Version, nil
 }
 
 func (s *store) changes(ctx context.Context, account string, since, limit int64) ([]button, error) {
@@ -996,46 +980,17 @@ func (s *store) createButton(ctx context.Context, who actor, b button) (outcome,
 	})
 }
 
-// updateButton lets change edit the actor's active button.
-func (s *store) updateButton(ctx context.Context, who actor, id string, ifMatch int64,
-	change func(*button) error) (outcome, error) {
-	return s.modifyButton(ctx, who, id, ifMatch, "update", func(b *button) error {
-		if b.State != stateActive {
-			return wrongState("button is deleted; restore it first")
-		}
-		return change(b)
-	})
-}
-
-// setState deletes the actor's button (the row stays, marked) or restores it.
-func (s *store) setState(ctx context.Context, who actor, id string, ifMatch int64, to string) (outcome, error) {
-	action, already := "delete", "button is already deleted"
-	if to == stateActive {
-		action, already = "restore", "button is not deleted"
-	}
-	return s.modifyButton(ctx, who, id, ifMatch, action, func(b *button) error {
-		if b.State == to {
-			return wrongState(already)
-		}
-		b.State, b.DeletedAt = to, timestamp{}
-		if to == stateDeleted {
-			b.DeletedAt = now()
-		}
-		return nil
-	})
-}
-
-// modifyButton is the read-check-write path of update, delete and restore: in the writer's transaction it reads the
-// row, checks ifMatch, applies change (refusals in that order: 404, 412, change's) and, unless nothing changed,
-// writes the next version with the next changeSeq, and the one before into its history.
-func (s *store) modifyButton(ctx context.Context, who actor, id string, ifMatch int64, action string,
-	change func(*button) error) (outcome, error) {
+// changeButton updates (with edit), deletes or restores (action) the actor's button: in the writer's transaction it
+// reads the row, checks ifMatch and the state (refusals in that order: 404, 412, 409, then edit's) and, unless
+// nothing changed, writes the next version with the next changeSeq, and the one before into its history.
+func (s *store) changeButton(ctx context.Context, who actor, id string, ifMatch int64, action string,
+	edit func(*button) error) (outcome, error) {
 	if !validButtonID(id) {
 		return outcome{}, s.reject(ctx, who, errNotFound) // no write unless an Idempotency-Key keeps the 404
 	}
 	return s.writeAnswered(ctx, who, func(tx *writeTx) (outcome, error) {
-		b, err := scanButton(tx.queryRow(`SELECT `+selectButton+` FROM buttons WHERE account = ? AND id = ?`,
-			who.Account, id))
+		b, err := scanButton(tx.queryRow(context.Background(), `SELECT `+selectButton+
+			` FROM buttons WHERE account = ? AND id = ?`, who.Account, id))
 		if err != nil {
 			return outcome{}, err
 		}
@@ -1043,7 +998,21 @@ func (s *store) modifyButton(ctx context.Context, who actor, id string, ifMatch 
 			return outcome{}, errPreconditionFailed
 		}
 		before := b
-		if err := change(&b); err != nil || b.sameAs(before) {
+		switch {
+		case action == "update" && b.State == stateDeleted:
+			return outcome{}, wrongState("button is deleted; restore it first")
+		case action == "delete" && b.State == stateDeleted:
+			return outcome{}, wrongState("button is already deleted")
+		case action == "restore" && b.State == stateActive:
+			return outcome{}, wrongState("button is not deleted")
+		case action == "delete":
+			b.State, b.DeletedAt = stateDeleted, now()
+		case action == "restore":
+			b.State, b.DeletedAt = stateActive, timestamp{}
+		default:
+			err = edit(&b)
+		}
+		if err != nil || b.sameAs(before) {
 			return outcome{ID: id}, err
 		}
 		b.Version++

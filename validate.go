@@ -7,12 +7,9 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"math"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 	"unicode"
 	"unicode/utf8"
 )
@@ -454,116 +451,6 @@ func (f *fields) metadata(stored map[string]string) (map[string]string, bool) {
 		f.fail("metadata", fmt.Sprintf("must have at most %d keys (it would have %d)", maxMetadataKeys, len(merged)))
 	}
 	return merged, len(f.problems) == failures
-}
-
-// --- queries and headers ---
-
-// query is a request's query string and the problems found in it.
-type query struct {
-	values url.Values
-	problems
-}
-
-// readQuery parses raw, noting unknown and repeated parameters. A known name "metadata[KEY]" stands for every
-// metadata[...] parameter.
-func readQuery(raw string, known ...string) *query {
-	q := &query{problems: problems{}}
-	var err error
-	if q.values, err = url.ParseQuery(raw); err != nil {
-		q.problems["query"] = "is not a valid URL query string"
-	}
-	for name, given := range q.values {
-		pattern := name
-		if strings.HasPrefix(name, "metadata[") && strings.HasSuffix(name, "]") {
-			pattern = "metadata[KEY]"
-		}
-		switch {
-		case !slices.Contains(known, pattern):
-			q.problems[name] = unknownName("query parameter", name, known)
-		case len(given) > 1:
-			q.problems[name] = "is given more than once"
-		}
-	}
-	return q
-}
-
-// get returns the parameter's value; false when it is absent or already refused.
-func (q *query) get(name string) (string, bool) {
-	_, bad := q.problems[name]
-	return q.values.Get(name), !bad && q.values.Has(name)
-}
-
-// whole returns the parameter as a whole number from min to max, def when absent.
-func (q *query) whole(name string, min, max, def int64) int64 {
-	v, ok := q.get(name)
-	n, err := strconv.ParseInt(v, 10, 64)
-	if ok && (err != nil || !asciiIn(v, 1, 19, digits) || n < min || n > max) {
-		q.fail(name, fmt.Sprintf("must be a whole number from %d to %d", min, max))
-	}
-	if !ok {
-		return def
-	}
-	return n
-}
-
-// decodeListQuery reads the list endpoint's query string; state defaults to active.
-func decodeListQuery(rawQuery, providerName string) (listFilter, error) {
-	q := readQuery(rawQuery, "limit", "after", "state", "isLive", "paymentMethod", "metadata[KEY]")
-	f := listFilter{Limit: int(q.whole("limit", 1, 100, 20)), State: stateActive, Metadata: map[string]string{}}
-	if v, ok := q.get("after"); ok {
-		if !validButtonID(v) {
-			q.fail("after", "must be a button id, the next of a previous page")
-		}
-		f.After = v
-	}
-	if v, ok := q.get("state"); ok {
-		if f.State = v; v == "all" {
-			f.State = ""
-		} else if v != stateActive && v != stateDeleted {
-			q.fail("state", `must be one of "active", "deleted", "all"`)
-		}
-	}
-	if v, ok := q.get("isLive"); ok {
-		if v != "true" && v != "false" {
-			q.fail("isLive", `must be "true" or "false"`)
-		}
-		f.IsLive = new(v == "true")
-	}
-	if v, ok := q.get("paymentMethod"); ok {
-		if methods := []string{providerName, "Stripe", "StripeConnect"}; !slices.Contains(methods, v) {
-			q.fail("paymentMethod", "must be one of "+quoted(methods))
-		}
-		f.PaymentMethod = v
-	}
-	for name := range q.values {
-		key := strings.TrimSuffix(strings.TrimPrefix(name, "metadata["), "]")
-		if v, ok := q.get(name); ok && key != name {
-			switch {
-			case !asciiIn(key, 1, maxMetadataKeyBytes, nameChars):
-				q.fail(name, fmt.Sprintf("must name a key of 1 to %d of A-Z a-z 0-9 _ - .", maxMetadataKeyBytes))
-			case q.text(name, v, maxMetadataRunes, unicode.IsControl, "control characters") && v != "":
-				f.Metadata[key] = v
-			default:
-				q.fail(name, "must be a value of 1 to 500 characters")
-			}
-		}
-	}
-	return f, invalid(q.problems)
-}
-
-// decodeHistoryQuery reads the history endpoint's query: limit (1 to 100, default 100) and after, the version a
-// previous page ended at.
-func decodeHistoryQuery(rawQuery string) (limit, after int64, err error) {
-	q := readQuery(rawQuery, "limit", "after")
-	return q.whole("limit", 1, 100, 100), q.whole("after", 0, math.MaxInt64, 0), invalid(q.problems)
-}
-
-// decodeChangesQuery reads the change feed's query: since (a changeSeq, 0 for everything), limit (1 to 100, default
-// 100) and wait (0 to 60 seconds).
-func decodeChangesQuery(rawQuery string) (since, limit int64, wait time.Duration, err error) {
-	q := readQuery(rawQuery, "since", "limit", "wait")
-	since, limit = q.whole("since", 0, math.MaxInt64, 0), q.whole("limit", 1, 100, 100)
-	return since, limit, time.Duration(q.whole("wait", 0, 60, 0)) * time.Second, invalid(q.problems)
 }
 
 // --- character sets ---
