@@ -150,7 +150,7 @@ func TestFilteredListExaminesAtMostMaxScanRows(t *testing.T) {
 			ids = append([]string{id}, ids...)
 			if _, err := tx.exec(`INSERT INTO buttons (id, account, `+buttonFields+`, created_key_id, created_request_id, change_seq)
 				VALUES (?, 'acme', 'W', NULL, 100, 'USD', NULL, 'Stripe', 'one_time', 0, NULL, NULL, 'active', 1,
-				'2026-01-01T00:00:00.000Z', '2026-01-01T00:00:00.000Z', NULL, 'k', 'r', 0)`, id); err != nil {
+				'2026-01-01T00:00:00.000Z', '2026-01-01T00:00:00.000Z', NULL, 'k', 'r', ?)`, id, tx.nextChange("acme")); err != nil {
 				return err
 			}
 		}
