@@ -20,184 +20,138 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 	"unicode"
 	"unicode/utf8"
 )
 
-// fuzzBodyLimit is the contract's body cap: a longer body is a 413.
-const fuzzBodyLimit = 64 << 10
+// The contract's limits, restated so that the oracle does not read validate.go's.
+const (
+	bodyCap  = 64 << 10              // a longer body is a 413
+	maxMinor = 1_000_000_000_000_000 // 10^15 minor units
+	maxFee   = 10_000                // 100% in basis points
+)
 
 // forInput returns a copy of e whose helpers fail t, the test of one input.
-func (e *testEnv) forInput(t *testing.T) *testEnv {
-	c := *e
-	c.t = t
-	return &c
-}
+func (e *testEnv) forInput(t *testing.T) *testEnv { c := *e; c.t = t; return &c }
 
-// FuzzCreate posts any body to create. The answer is the envelope with 200 or
-// 400 (413 above 64 KiB), never a 5xx; a refused body stores nothing; an
-// accepted one is stored as the body says, which get shows.
+// FuzzCreate posts any body to create. The answer is 413 above 64 KiB; else a
+// 200 exactly when the oracle finds nothing in the contract that refuses the
+// body, and otherwise a 400 naming a field; never a 5xx. A refused body stores
+// nothing; an accepted one is stored as a new button, with a well-formed id
+// and the highest changeSeq, exactly as the oracle says, and get shows it.
 func FuzzCreate(f *testing.F) {
 	shared := newTestServer(f)
 	f.Add([]byte(createBody(nil)))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		e := shared.forInput(t)
 		before := e.countButtons()
+		o := &oracle{}
+		want := o.created(body)
 		r := e.do("POST", "/product-payment/create", e.key, string(body))
-		if r.status != 200 || len(body) > fuzzBodyLimit {
-			wantRefused(t, r, len(body))
+		if !o.verdict(t, r, len(body)) {
 			if n := e.countButtons(); n != before {
 				t.Errorf("%s\ngot %d buttons after a %d, want %d", r.request, n, r.status, before)
 			}
 			return
 		}
-		r.want(t, 200, "")
-		if n := e.countButtons(); n != before+1 {
-			t.Errorf("%s\ngot %d buttons after a create, want %d", r.request, n, before+1)
+		got := e.mustStored("acme", r.dataString())
+		newest := e.count(`SELECT count(*) FROM buttons WHERE account = 'acme' AND change_seq >= ?`, got.ChangeSeq) == 1
+		if n := e.countButtons(); !buttonID.MatchString(got.ID) || n != before+1 || !newest || got.CreatedAt.IsZero() {
+			t.Errorf("%s\ngot id %q, %d buttons (want %d), changeSeq %d the highest: %v, createdAt %v",
+				r.request, got.ID, n, before+1, got.ChangeSeq, newest, got.CreatedAt)
 		}
-		o := &oracle{}
-		want := o.created(body)
-		o.shows(e.getView(e.key, r.dataString()), want, r.dataString(), 1)
-		o.report(t, r.request)
+		want.ID, want.Account, want.State, want.Version = got.ID, "acme", "active", 1
+		want.ChangeSeq, want.CreatedAt, want.UpdatedAt = got.ChangeSeq, got.CreatedAt, got.CreatedAt
+		expect(t, e, r, got, want, "created")
 	})
 }
 
-// fuzzUpdateBase is the button each FuzzUpdate input changes: StripeConnect, so
-// a fee may change, and 10.50 USD, so some currencies fit it and some do not.
-var fuzzUpdateBase = createBody(map[string]any{
-	"paymentMethod": "StripeConnect", "ApplicationFeePercentage": "2.50", "amount": "10.50",
-})
+// updateBase is the button each FuzzUpdate input changes: StripeConnect, so a
+// fee may change; 10.50 USD, so some currencies fit it and some do not; and 49
+// metadata keys, so that a body adding two goes past 50 after the merge.
+var updateBase = func() string {
+	md := map[string]string{"orderRef": "A-17"}
+	for i := range 48 {
+		md[fmt.Sprintf("k%02d", i)] = "v"
+	}
+	return createBody(map[string]any{"paymentMethod": "StripeConnect", feeField: "2.50", "amount": "10.50", "metadata": md})
+}()
 
-// FuzzUpdate posts any body to update an active button as fuzzUpdateBase makes
-// it. The answer is 200 or 400 (413 above 64 KiB), never a 409 or a 5xx; a
-// refused body leaves the stored button exactly as it was; an accepted one
-// changes what the body names, nothing else, and the version by one.
+// FuzzUpdate posts any body to update a button as updateBase makes it: 200 or
+// 400 as the oracle says (413 above 64 KiB), never a 409 or a 5xx. A refused
+// body, or an "unchanged" one (every value as stored), leaves the button and
+// its history as they were; an "updated" one changes what it names and nothing
+// else, adds a history row, the version by one, and a greater changeSeq.
 func FuzzUpdate(f *testing.F) {
 	shared := newTestServer(f)
 	f.Add([]byte(`{"amount":"12.00"}`))
-	// id is a button still as fuzzUpdateBase made it. Most inputs are refused
-	// and leave it so; only after one changes it does the next input need a new
-	// one, so every input meets the same button at the cost of few writes.
+	// id is a button still as updateBase made it: most inputs leave it so, and
+	// every input meets the same button at the cost of few writes.
 	var id string
+	const history = `SELECT count(*) FROM button_history WHERE button_id = ?`
 	f.Fuzz(func(t *testing.T, body []byte) {
 		e := shared.forInput(t)
 		if id == "" {
-			id = e.create(e.key, fuzzUpdateBase)
+			id = e.create(e.key, updateBase)
 		}
-		before, err := e.stored("acme", id)
-		if err != nil {
-			t.Fatalf("read back %s: %v", id, err)
-		}
-		r := e.do("POST", "/product-payment/update/"+id, e.key, string(body))
-		after, err := e.stored("acme", id)
-		if err != nil || !reflect.DeepEqual(after, before) {
-			id = ""
-		}
-		if err != nil {
-			t.Fatalf("%s\nread back: %v", r.request, err)
-		}
-		if r.status != 200 || len(body) > fuzzBodyLimit {
-			wantRefused(t, r, len(body))
-			if !reflect.DeepEqual(after, before) {
-				t.Errorf("%s\ngot %+v after a %d, want it unchanged: %+v", r.request, after, r.status, before)
-			}
-			return
-		}
-		r.want(t, 200, "")
+		before, rows := e.mustStored("acme", id), e.count(history, id)
 		o := &oracle{}
-		if r.dataString() != before.ID {
-			o.errorf("data is %q, want %q", r.dataString(), before.ID)
-		}
 		want := o.updated(body, before)
-		if changed := !want.sameAs(before); changed != (r.env.Message == "updated") {
-			o.errorf("message %q for a body that changes the button: %v", r.env.Message, changed)
-		} else if changed {
-			want.Version, want.ChangeSeq = before.Version+1, after.ChangeSeq
-			if after.UpdatedAt.Before(before.UpdatedAt.Time) || after.ChangeSeq <= before.ChangeSeq {
-				o.errorf("updatedAt or changeSeq went back: %v %d, then %v %d", before.UpdatedAt, before.ChangeSeq,
-					after.UpdatedAt, after.ChangeSeq)
+		r := e.do("POST", "/product-payment/update/"+before.ID, e.key, string(body))
+		after := e.mustStored("acme", id)
+		if !reflect.DeepEqual(after, before) {
+			id = "" // the next input needs a button as updateBase makes it
+		}
+		message := "unchanged"
+		switch {
+		case !o.verdict(t, r, len(body)):
+			want, message = before, ""
+		case !reflect.DeepEqual(want, before):
+			message, want.Version = "updated", before.Version+1
+			want.ChangeSeq, want.UpdatedAt = after.ChangeSeq, after.UpdatedAt
+			if after.ChangeSeq <= before.ChangeSeq || after.UpdatedAt.Before(before.UpdatedAt.Time) {
+				t.Errorf("%s\nchangeSeq %d and updatedAt %v, then %d and %v: want a greater changeSeq, updatedAt not earlier",
+					r.request, before.ChangeSeq, before.UpdatedAt, after.ChangeSeq, after.UpdatedAt)
 			}
-			want.UpdatedAt = after.UpdatedAt
 		}
-		if !reflect.DeepEqual(after, want) {
-			o.errorf("stored %+v\nwant   %+v", after, want)
+		if n, added := e.count(history, before.ID), int(want.Version-before.Version); n != rows+added {
+			t.Errorf("%s\ngot %d history rows, want %d", r.request, n, rows+added)
 		}
-		o.shows(e.getView(e.key, before.ID), want, before.ID, want.Version)
-		o.report(t, r.request)
+		expect(t, e, r, after, want, message)
 	})
 }
 
-// wantRefused checks a refused write: 413 for a body over the cap, else 400
-// invalid_request naming at least one field, never any other status.
-func wantRefused(t *testing.T, r response, bodyLen int) {
-	t.Helper()
-	if bodyLen > fuzzBodyLimit {
-		r.want(t, 413, "payload_too_large")
-		return
-	}
-	r.want(t, 400, "invalid_request")
-	if len(r.env.Errors) == 0 || string(r.env.Data) != `""` {
-		t.Errorf("%s\ngot errors %v data %s, want at least one field and data \"\"", r.request, r.env.Errors, r.env.Data)
-	}
-}
-
 // FuzzDecimal reads any text as an amount in JPY, USD and KWD and as a fee,
-// directly and through decodeCreate (as a JSON string, and as a JSON number
-// when the text is one). The text is accepted exactly when it is a plain
-// decimal (so never with a sign, exponent or space) whose value fits: 1 to
-// 10^15 whole minor units, or 0.01 to 100 in hundredths for a fee. What is
-// accepted renders as text that reads back to the same value.
+// through parseDecimal and decodeCreate (as a JSON string, and as a JSON
+// number when the text is one). The text is accepted exactly when it is a
+// plain decimal (so never with a sign, exponent or space) whose value fits: 1
+// to 10^15 whole minor units, or 0.01 to 100 in hundredths for a fee; and what
+// is accepted renders with exactly the currency's places (two for a fee).
 func FuzzDecimal(f *testing.F) {
 	f.Add([]byte("19.90"))
 	f.Fuzz(func(t *testing.T, input []byte) {
 		text := string(input)
-		value := plainDecimal(text)
-		d, ok := parseDecimal(text)
-		if ok != (value != nil) {
-			t.Fatalf("parseDecimal(%q): got ok %v, want %v", text, ok, value != nil)
+		if _, ok := parseDecimal(text); ok != plainText.MatchString(text) {
+			t.Fatalf("parseDecimal(%q): got ok %v, want %v", text, ok, !ok)
 		}
-		for _, currency := range []string{"JPY", "USD", "KWD"} {
-			exp := currencyExponents[currency]
-			want, fits := scaledInt(value, exp, maxAmountMinor)
-			if ok && !d.isZero() { // zero never reaches minorUnits: amount refuses it first
-				minor, why := minorUnits(d, currency)
-				if (why == "") != fits || fits && minor != want {
-					t.Errorf("minorUnits(%q, %s): got %d %q, want %d (fits %v)", text, currency, minor, why, want, fits)
-				}
-				if why == "" {
-					shown := formatAmount(minor, currency)
-					again, agreed := parseDecimal(shown)
-					back, why := minorUnits(again, currency)
-					if !agreed || why != "" || back != minor || decimalPlaces(shown) != exp {
-						t.Errorf("%q %s: formatAmount gives %q, which reads back as %d %q, want %d with %d places",
-							text, currency, shown, back, why, minor, exp)
-					}
-				}
-			}
+		for _, c := range []struct {
+			field, currency string
+			exp             int
+			limit           int64
+		}{{"amount", "JPY", 0, maxMinor}, {"amount", "USD", 2, maxMinor}, {"amount", "KWD", 3, maxMinor}, {feeField, "USD", 2, maxFee}} {
+			want, fits := scaledInt(text, c.exp, c.limit)
 			for _, form := range jsonForms(text) {
-				body := createBody(map[string]any{"amount": raw(form), "currency": currency})
-				b, err := decodeCreate([]byte(body), "the service")
-				if accepted := fits && want >= 1; (err == nil) != accepted || accepted && b.AmountMinor != want {
-					t.Errorf("amount %s in %s: got %d, %v; want %d accepted %v", form, currency, b.AmountMinor, err, want, accepted)
+				b, err := decodeCreate([]byte(createBody(map[string]any{"paymentMethod": "StripeConnect", feeField: "1",
+					"currency": c.currency, c.field: raw(form)})), "the service")
+				got, shown := b.AmountMinor, formatAmount(b.AmountMinor, c.currency)
+				if c.field == feeField {
+					got, shown = b.FeeBasisPoints, formatFee(b.FeeBasisPoints)
 				}
-				if err == nil && (b.AmountMinor < 1 || b.AmountMinor > maxAmountMinor) {
-					t.Errorf("amount %s in %s: got %d minor units, want 1 to 10^15", form, currency, b.AmountMinor)
+				if ok := fits && want >= 1; (err == nil) != ok || ok && (got != want || shown != decimalText(want, c.exp)) {
+					t.Errorf("%s %s in %s: got %d shown as %q, error %v; want accepted %v, %d shown as %q",
+						c.field, form, c.currency, got, shown, err, ok, want, decimalText(want, c.exp))
 				}
-			}
-		}
-		want, fits := scaledInt(value, 2, 10_000)
-		for _, form := range jsonForms(text) {
-			body := createBody(map[string]any{"paymentMethod": "StripeConnect", feeField: raw(form)})
-			b, err := decodeCreate([]byte(body), "the service")
-			if accepted := fits && want >= 1; (err == nil) != accepted || accepted && b.FeeBasisPoints != want {
-				t.Errorf("fee %s: got %d basis points, %v; want %d accepted %v", form, b.FeeBasisPoints, err, want, accepted)
-			}
-			if err != nil {
-				continue
-			}
-			shown := formatFee(b.FeeBasisPoints)
-			if back := plainDecimal(shown); back == nil || value == nil || back.Cmp(value) != 0 || decimalPlaces(shown) != 2 {
-				t.Errorf("fee %s: formatFee gives %q, want the value of %q with 2 places", form, shown, text)
 			}
 		}
 	})
@@ -215,406 +169,307 @@ func jsonForms(text string) []string {
 	return forms
 }
 
-// --- the oracle: what an accepted body means, worked out from the contract ---
+// --- the oracle: what a body means, worked out from the contract alone ---
 
 var (
-	plainDecimalText = regexp.MustCompile(`^[0-9]+(\.[0-9]+)?$`)
-	createFieldNames = []string{"productName", "description", "amount", "currency",
-		"billingInterval", "paymentMethod", "paymentType", "isLive", "ApplicationFeePercentage", "metadata"}
-	updateFieldNames = []string{"productName", "description", "amount", "currency", "ApplicationFeePercentage", "metadata"}
-	// intervalSpellings maps every accepted spelling, in any case, to the stored value.
-	intervalSpellings = map[string]string{
-		"day": "day", "week": "week", "month": "month", "year": "year",
-		"daily": "day", "weekly": "week", "monthly": "month", "yearly": "year", "annually": "year",
-	}
+	plainText    = regexp.MustCompile(`^[0-9]+(\.[0-9]+)?$`)
+	asciiLetters = regexp.MustCompile(`^[A-Za-z]+$`)
+	metadataKey  = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,40}$`)
+	buttonID     = regexp.MustCompile(`^btn_[0-7][0-9A-HJKMNP-TV-Z]{25}$`) // 128 bits of Crockford base32
+	// intervals maps every accepted spelling, lower-cased, to the stored value.
+	intervals = map[string]string{"day": "day", "week": "week", "month": "month", "year": "year",
+		"daily": "day", "weekly": "week", "monthly": "month", "yearly": "year", "annually": "year"}
+	// exponents are the decimal places of every chargeable currency: ISO 4217
+	// is data, validate.go's table, but the codes the contract names are pinned.
+	exponents = func() map[string]int {
+		m := maps.Clone(currencyExponents)
+		maps.Copy(m, map[string]int{"USD": 2, "JPY": 0, "KWD": 3})
+		for _, code := range []string{"XAU", "XTS", "XXX"} {
+			delete(m, code)
+		}
+		return m
+	}()
 )
 
-// plainDecimal returns the value of text when it is digits, optionally with a
-// dot and more digits; nil for anything else.
-func plainDecimal(text string) *big.Rat {
-	if !plainDecimalText.MatchString(text) {
-		return nil
+// scaledInt returns text * 10^exp when text is a plain decimal (digits, maybe
+// a dot and digits) and that is a whole number from 0 to limit; else false.
+func scaledInt(text string, exp int, limit int64) (int64, bool) {
+	if !plainText.MatchString(text) {
+		return 0, false
 	}
-	r, _ := new(big.Rat).SetString(text)
-	return r
+	v, _ := new(big.Rat).SetString(text)
+	if v.Mul(v, new(big.Rat).SetInt(pow10(exp))); !v.IsInt() || v.Num().Cmp(big.NewInt(limit)) > 0 {
+		return 0, false
+	}
+	return v.Num().Int64(), true
 }
 
-// scaledInt returns v * 10^exp when that is a whole number from 0 to limit; false otherwise.
-func scaledInt(v *big.Rat, exp int, limit int64) (int64, bool) {
-	if v == nil {
-		return 0, false
-	}
-	scaled := new(big.Rat).Mul(v, new(big.Rat).SetInt(pow10(exp)))
-	if !scaled.IsInt() || scaled.Num().Cmp(big.NewInt(limit)) > 0 {
-		return 0, false
-	}
-	return scaled.Num().Int64(), true
+// decimalText writes n / 10^exp with exactly exp decimal places.
+func decimalText(n int64, exp int) string {
+	return new(big.Rat).SetFrac(big.NewInt(n), pow10(exp)).FloatString(exp)
 }
 
 func pow10(exp int) *big.Int { return new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(exp)), nil) }
 
-// decimalPlaces is how many digits text has after its dot.
-func decimalPlaces(text string) int {
-	_, frac, _ := strings.Cut(text, ".")
-	return len(frac)
-}
+// oracle collects every reason the contract gives to refuse a body; a body
+// with none must be accepted.
+type oracle struct{ why []string }
 
-// oracle collects every way an accepted body breaks the contract or was not
-// stored as it says.
-type oracle struct{ problems []string }
+func (o *oracle) refuse(f string, a ...any) { o.why = append(o.why, fmt.Sprintf(f, a...)) }
 
-func (o *oracle) errorf(format string, args ...any) {
-	o.problems = append(o.problems, fmt.Sprintf(format, args...))
-}
-
-// report fails t with every problem found for request.
-func (o *oracle) report(t *testing.T, request string) {
+// verdict checks the answer r to a body of n bytes: 413 above the cap; else
+// 200 when the oracle found no reason to refuse the body, and otherwise a 400
+// naming at least one field, with data "". It returns whether r is a 200.
+func (o *oracle) verdict(t *testing.T, r response, n int) bool {
 	t.Helper()
-	if len(o.problems) > 0 {
-		t.Errorf("%s\naccepted, but:\n%s", request, strings.Join(o.problems, "\n"))
+	switch {
+	case n > bodyCap:
+		r.want(t, 413, "payload_too_large")
+	case r.status == 200 && len(o.why) > 0:
+		t.Fatalf("%s\naccepted, but:\n%s", r.request, strings.Join(o.why, "\n"))
+	case len(o.why) == 0:
+		r.want(t, 200, "") // the contract accepts this body
+	default:
+		r.want(t, 400, "invalid_request")
+		if len(r.env.Errors) == 0 || string(r.env.Data) != `""` {
+			t.Errorf("%s\ngot errors %v data %s, want at least one field and data \"\"", r.request, r.env.Errors, r.env.Data)
+		}
 	}
+	return r.status == 200
 }
 
-// object decodes body the plain way (encoding/json, numbers kept as text) and
-// notes what an accepted body cannot be: not UTF-8, not exactly one object,
-// names outside known or repeated. It returns nil when there is no object to read.
-func (o *oracle) object(body []byte, known []string) map[string]any {
+// object decodes body the plain way (encoding/json, numbers kept as text),
+// refusing a body that is not UTF-8, not exactly one object, or has a name
+// outside known or more than once. It returns nil when there is no object.
+func (o *oracle) object(body []byte, known ...string) map[string]any {
 	if !utf8.Valid(body) {
-		o.errorf("the body is not valid UTF-8")
+		o.refuse("the body is not valid UTF-8")
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
-	var in map[string]any
-	if err := dec.Decode(&in); err != nil || in == nil {
-		o.errorf("the body is not a JSON object (%v)", err)
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		o.refuse("the body is not a JSON object (%v, %v)", tok, err)
 		return nil
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		o.errorf("the body has data after the object")
+	in := map[string]any{}
+	for dec.More() {
+		tok, err := dec.Token()
+		name, _ := tok.(string)
+		var v any
+		if err != nil || dec.Decode(&v) != nil {
+			o.refuse("the body is not valid JSON")
+			return nil
+		}
+		if _, twice := in[name]; twice || !slices.Contains(known, name) {
+			o.refuse("the body has %.40q more than once or not among %q", name, known)
+		}
+		in[name] = v
 	}
-	names := objectNames(body)
-	for i, name := range names {
-		if !slices.Contains(known, name) {
-			o.errorf("the body has the unknown field %q", name)
-		}
-		if slices.Contains(names[:i], name) {
-			o.errorf("the body has %q more than once", name)
-		}
+	_, err := dec.Token() // the closing brace
+	if _, end := dec.Token(); err != nil || end != io.EOF {
+		o.refuse("the body does not end with its object (%v, %v)", err, end)
 	}
 	return in
 }
 
-// objectNames lists the names of body's top-level object in order, repeats included.
-func objectNames(body []byte) []string {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return nil
-	}
-	var names []string
-	for dec.More() {
-		tok, err := dec.Token()
-		name, isName := tok.(string)
-		var value json.RawMessage
-		if err != nil || !isName || dec.Decode(&value) != nil {
-			break
-		}
-		names = append(names, name)
-	}
-	return names
-}
-
 // given returns in[name] when it is present and not null.
-func given(in map[string]any, name string) (any, bool) {
-	v, ok := in[name]
-	return v, ok && v != nil
+func given(in map[string]any, name string) (any, bool) { v := in[name]; return v, v != nil }
+
+// created is the button a create body describes.
+func (o *oracle) created(body []byte) (b button) {
+	in := o.object(body, "productName", "description", "amount", "currency",
+		"billingInterval", "paymentMethod", "paymentType", "isLive", feeField, "metadata")
+	if in == nil {
+		return b
+	}
+	for _, name := range []string{"productName", "amount", "currency", "paymentMethod", "paymentType", "isLive"} {
+		if _, ok := given(in, name); !ok {
+			o.refuse("%s is missing", name)
+		}
+	}
+	b.PaymentMethod, b.PaymentType = o.text("paymentMethod", in["paymentMethod"]), o.text("paymentType", in["paymentType"])
+	if !slices.Contains([]string{"the service", "Stripe", "StripeConnect"}, b.PaymentMethod) ||
+		!slices.Contains([]string{"one_time", "subscription"}, b.PaymentType) {
+		o.refuse("paymentMethod %.40q or paymentType %.40q is not exactly one the contract names", b.PaymentMethod, b.PaymentType)
+	}
+	if v, ok := given(in, "billingInterval"); ok && v != "" {
+		s := o.text("billingInterval", v)
+		if b.BillingInterval = intervals[strings.ToLower(s)]; b.BillingInterval == "" || !asciiLetters.MatchString(s) {
+			o.refuse("billingInterval %.40q is no spelling of an interval (ASCII, any case)", s)
+		}
+	}
+	if (b.PaymentType == "subscription") != (b.BillingInterval != "") {
+		o.refuse("paymentType %q with billingInterval %q", b.PaymentType, b.BillingInterval)
+	}
+	var ok bool
+	if b.IsLive, ok = in["isLive"].(bool); !ok {
+		o.refuse("isLive is a %T, not a boolean", in["isLive"])
+	}
+	if _, ok := given(in, feeField); !ok && b.PaymentMethod == "StripeConnect" {
+		o.refuse("%s is missing with StripeConnect", feeField)
+	}
+	o.edit(in, &b)
+	return b
 }
 
-// text returns v when it is a JSON string, noting a problem when it is not.
+// updated is before as an update body changes it.
+func (o *oracle) updated(body []byte, before button) button {
+	b := before
+	if in := o.object(body, "productName", "description", "amount", "currency", feeField, "metadata"); in != nil && !o.edit(in, &b) {
+		o.refuse("the body names nothing to update")
+	}
+	return b
+}
+
+// edit sets in b the fields create and update share, as in gives them, and
+// reports whether in names any. description alone is cleared, by null or "";
+// null leaves any other as it is. A new currency without a new amount
+// re-expresses the stored amount, which must fit it exactly.
+func (o *oracle) edit(in map[string]any, b *button) (named bool) {
+	stored := *b
+	if v, ok := in["description"]; ok {
+		named, b.Description = true, ""
+		if v != nil {
+			b.Description = o.text("description", v)
+			o.chars("description", b.Description, 0, 5000,
+				func(r rune) bool { return unicode.IsControl(r) && !strings.ContainsRune("\t\n\r", r) })
+		}
+	}
+	if v, ok := given(in, "productName"); ok {
+		named, b.ProductName = true, strings.TrimSpace(o.text("productName", v))
+		o.chars("productName", b.ProductName, 1, 250, unicode.IsControl)
+		if !strings.ContainsFunc(b.ProductName, func(r rune) bool { return unicode.IsGraphic(r) && !unicode.IsSpace(r) }) {
+			o.refuse("productName %.40q has no visible character", b.ProductName)
+		}
+	}
+	if v, ok := given(in, "currency"); ok {
+		s := o.text("currency", v)
+		named, b.Currency = true, strings.ToUpper(s)
+		if _, ok := exponents[b.Currency]; len(s) != 3 || !asciiLetters.MatchString(s) || !ok {
+			o.refuse("currency %.40q is not three ASCII letters naming a chargeable currency", s)
+		}
+	}
+	if v, ok := given(in, "amount"); ok {
+		named, b.AmountMinor = true, o.scaled("amount", v, exponents[b.Currency], maxMinor)
+	} else if stored.Currency != "" && b.Currency != stored.Currency {
+		b.AmountMinor = o.scaled("the stored amount", decimalText(stored.AmountMinor, exponents[stored.Currency]),
+			exponents[b.Currency], maxMinor)
+	}
+	if v, ok := given(in, feeField); ok {
+		named, b.FeeBasisPoints = true, o.scaled(feeField, v, 2, maxFee)
+		if b.PaymentMethod != "StripeConnect" {
+			o.refuse("%s is given for paymentMethod %q", feeField, b.PaymentMethod)
+		}
+	}
+	if v, ok := given(in, "metadata"); ok {
+		named, b.Metadata = true, o.metadata(v, b.Metadata)
+	}
+	return named
+}
+
+// text returns v when it is a JSON string, refusing anything else.
 func (o *oracle) text(name string, v any) string {
 	s, ok := v.(string)
 	if !ok {
-		o.errorf("%s %v (%T) is not a string", name, v, v)
+		o.refuse("%s is a %T, not a string", name, v)
 	}
 	return s
 }
 
-// created is the button an accepted create body describes.
-func (o *oracle) created(body []byte) button {
-	in := o.object(body, createFieldNames)
-	if in == nil {
-		return button{}
+// chars refuses s unless it has min to max characters, none of them bad.
+func (o *oracle) chars(name, s string, min, max int, bad func(rune) bool) {
+	if n := utf8.RuneCountInString(s); n < min || n > max || strings.ContainsFunc(s, bad) {
+		o.refuse("%s %.40q has %d characters (want %d to %d) or one not allowed", name, s, n, min, max)
 	}
-	var b button
-	if v, ok := given(in, "productName"); ok {
-		b.ProductName = o.productName(v)
-	} else {
-		o.errorf("productName is missing")
-	}
-	b.Description = o.description(in["description"])
-	b.Metadata = o.metadata(in["metadata"], nil)
-	if v, ok := given(in, "currency"); ok {
-		b.Currency = o.currency(v)
-	} else {
-		o.errorf("currency is missing")
-	}
-	if v, ok := given(in, "amount"); ok {
-		b.AmountMinor = o.amount(v, b.Currency)
-	} else {
-		o.errorf("amount is missing")
-	}
-	b.PaymentMethod = o.oneOf("paymentMethod", in["paymentMethod"], "the service", "Stripe", "StripeConnect")
-	b.PaymentType = o.oneOf("paymentType", in["paymentType"], "one_time", "subscription")
-	if interval, ok := given(in, "billingInterval"); ok && interval != "" {
-		b.BillingInterval = o.interval(interval)
-	}
-	if (b.PaymentType == "subscription") != (b.BillingInterval != "") {
-		o.errorf("paymentType %s with billingInterval %q", b.PaymentType, b.BillingInterval)
-	}
-	isLive, ok := in["isLive"].(bool)
-	if !ok {
-		o.errorf("isLive %v is not a boolean", in["isLive"])
-	}
-	b.IsLive = isLive
-	fee, feeGiven := given(in, feeField)
-	switch {
-	case b.PaymentMethod == "StripeConnect" && feeGiven:
-		b.FeeBasisPoints = o.fee(fee)
-	case feeGiven:
-		o.errorf("%s is given with paymentMethod %s", feeField, b.PaymentMethod)
-	case b.PaymentMethod == "StripeConnect":
-		o.errorf("%s is missing with StripeConnect", feeField)
-	}
-	return b
 }
 
-// updated is before changed as an accepted update body says.
-func (o *oracle) updated(body []byte, before button) button {
-	in := o.object(body, updateFieldNames)
-	if in == nil {
-		return before
+// scaled returns v, a JSON string or number that is a plain decimal, in units
+// of 10^-exp, refusing it unless that is a whole number from 1 to limit.
+func (o *oracle) scaled(name string, v any, exp int, limit int64) int64 {
+	s, _ := v.(string)
+	if n, ok := v.(json.Number); ok {
+		s = n.String()
 	}
-	b, changes := before, false
-	if v, ok := in["description"]; ok { // null clears it; for the others null means absent
-		b.Description, changes = o.description(v), true
+	n, fits := scaledInt(s, exp, limit)
+	if !fits || n < 1 {
+		o.refuse("%s %.40q (a %T) is not a plain decimal of 1 to %d units of 10^-%d", name, s, v, limit, exp)
 	}
-	if v, ok := given(in, "productName"); ok {
-		b.ProductName, changes = o.productName(v), true
-	}
-	if v, ok := given(in, "currency"); ok {
-		b.Currency, changes = o.currency(v), true
-	}
-	if v, ok := given(in, "amount"); ok {
-		b.AmountMinor, changes = o.amount(v, b.Currency), true
-	} else if b.Currency != before.Currency {
-		// The stored amount, re-expressed in the new currency's minor unit.
-		stored := new(big.Rat).SetFrac(big.NewInt(before.AmountMinor), pow10(o.exponent(before.Currency)))
-		minor, fits := scaledInt(stored, o.exponent(b.Currency), maxAmountMinor)
-		if !fits {
-			o.errorf("the stored amount %d %s does not fit %s", before.AmountMinor, before.Currency, b.Currency)
-		}
-		b.AmountMinor = minor
-	}
-	if v, ok := in["metadata"]; ok && v != nil {
-		b.Metadata, changes = o.metadata(v, before.Metadata), true
-	}
-	if v, ok := given(in, feeField); ok {
-		if before.PaymentMethod != "StripeConnect" {
-			o.errorf("%s is given for a %s button", feeField, before.PaymentMethod)
-		}
-		b.FeeBasisPoints, changes = o.fee(v), true
-	}
-	if !changes {
-		o.errorf("the body changes nothing")
-	}
-	return b
+	return n
 }
 
-// productName is the stored name for v: trimmed, 1 to 250 characters, no
-// control characters, at least one visible.
-func (o *oracle) productName(v any) string {
-	name := strings.TrimSpace(o.text("productName", v))
-	visible := strings.ContainsFunc(name, func(r rune) bool { return unicode.IsGraphic(r) && !unicode.IsSpace(r) })
-	if n := utf8.RuneCountInString(name); n < 1 || n > 250 || strings.ContainsFunc(name, unicode.IsControl) || !visible {
-		o.errorf("productName %q has %d characters, a control character or none visible", name, n)
-	}
-	return name
-}
-
-// metadata is stored with v merged in: string values set keys of 1 to 40 of
-// A-Z a-z 0-9 _ - ., null or "" remove them; at most 50 keys, values up to 500
-// characters without control characters.
+// metadata is stored merged with v: a string sets its key, null or "" removes
+// it; a key is 1 to 40 of A-Z a-z 0-9 _ - ., a value 1 to 500 characters
+// without control characters, and at most 50 keys remain. None is nil, as stored.
 func (o *oracle) metadata(v any, stored metadata) metadata {
-	if v == nil {
-		return stored
-	}
 	object, ok := v.(map[string]any)
 	if !ok {
-		o.errorf("metadata %v is not an object", v)
+		o.refuse("metadata is a %T, not an object", v)
 	}
-	merged := maps.Clone(stored)
+	merged := metadata{}
+	maps.Copy(merged, stored)
 	for key, value := range object {
-		if !regexp.MustCompile(`^[A-Za-z0-9_.-]{1,40}$`).MatchString(key) {
-			o.errorf("metadata key %q is malformed", key)
+		s, isString := value.(string)
+		if !metadataKey.MatchString(key) || value != nil && !isString {
+			o.refuse("metadata has the key %.40q with a %T", key, value)
 		}
-		switch value := value.(type) {
-		case nil:
+		if s == "" {
 			delete(merged, key)
-		case string:
-			if value == "" {
-				delete(merged, key)
-				continue
-			}
-			if utf8.RuneCountInString(value) > 500 || strings.ContainsFunc(value, unicode.IsControl) {
-				o.errorf("metadata.%s is too long or has a control character", key)
-			}
-			if merged == nil {
-				merged = metadata{}
-			}
-			merged[key] = value
-		default:
-			o.errorf("metadata.%s %v is not a string", key, value)
+			continue
 		}
+		o.chars("metadata."+key, s, 1, 500, unicode.IsControl)
+		merged[key] = s
 	}
 	if len(merged) > 50 {
-		o.errorf("metadata has %d keys", len(merged))
+		o.refuse("metadata would have %d keys", len(merged))
+	}
+	if len(merged) == 0 {
+		return nil
 	}
 	return merged
 }
 
-// description is the stored description for v: "" for absent or null, else
-// the text itself, up to 5000 characters with no control characters but tab and line breaks.
-func (o *oracle) description(v any) string {
-	if v == nil {
-		return ""
+// expect checks that the answer r says message about want.ID, that want is
+// stored as got, and that get shows it as the contract renders a button: the
+// amount with its currency's places, the fee with two, an absent value as
+// null, metadata as {} when empty, times in RFC 3339 UTC.
+func expect(t *testing.T, e *testEnv, r response, got, want button, message string) {
+	t.Helper()
+	if message != "" && (r.dataString() != want.ID || r.env.Message != message) {
+		t.Errorf("%s\nanswered data %q message %q, want %q %q", r.request, r.dataString(), r.env.Message, want.ID, message)
 	}
-	s := o.text("description", v)
-	control := func(r rune) bool { return unicode.IsControl(r) && r != '\t' && r != '\n' && r != '\r' }
-	if n := utf8.RuneCountInString(s); n > 5000 || strings.ContainsFunc(s, control) {
-		o.errorf("description %q has %d characters or a control character", s, n)
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("%s\nstored %+v\nwant   %+v", r.request, got, want)
 	}
-	return s
-}
-
-// currency is the stored code for v: three ASCII letters, upper-cased, an active currency.
-func (o *oracle) currency(v any) string {
-	s := o.text("currency", v)
-	code := []byte(s)
-	for i, c := range code {
-		if 'a' <= c && c <= 'z' {
-			code[i] = c - 'a' + 'A'
-		} else if c < 'A' || c > 'Z' {
-			o.errorf("currency %q is not three ASCII letters", s)
-			break
+	if message == "" { // refused
+		return
+	}
+	md := map[string]any{}
+	for k, v := range want.Metadata {
+		md[k] = v
+	}
+	shown := map[string]any{"id": want.ID, "productName": want.ProductName, "description": want.Description,
+		"amount": decimalText(want.AmountMinor, exponents[want.Currency]), "currency": want.Currency,
+		"billingInterval": want.BillingInterval, "paymentMethod": want.PaymentMethod, "paymentType": want.PaymentType,
+		"isLive": want.IsLive, feeField: decimalText(want.FeeBasisPoints, 2), "metadata": md, "state": "active",
+		"version": float64(want.Version), "changeSeq": float64(want.ChangeSeq), "deletedAt": nil,
+		"createdAt": want.CreatedAt.Time, "updatedAt": want.UpdatedAt.Time}
+	for _, name := range []string{"description", "billingInterval", feeField} { // absent: null
+		if shown[name] == "" || name == feeField && want.FeeBasisPoints == 0 {
+			shown[name] = nil
 		}
 	}
-	if len(code) != 3 {
-		o.errorf("currency %q is not three letters", s)
-	}
-	o.exponent(string(code))
-	return string(code)
-}
-
-// exponent is currency's number of decimal places, noting a currency that has none.
-func (o *oracle) exponent(currency string) int {
-	exp, ok := currencyExponents[currency]
-	if !ok {
-		o.errorf("currency %q is not an active ISO 4217 currency", currency)
-	}
-	return exp
-}
-
-// decimal is the value of a JSON string or number v, noting one that is not a plain decimal.
-func (o *oracle) decimal(name string, v any) *big.Rat {
-	var s string
-	switch v := v.(type) {
-	case string:
-		s = v
-	case json.Number:
-		s = v.String()
-	}
-	value := plainDecimal(s)
-	if value == nil {
-		o.errorf("%s %v is not a plain decimal", name, v)
-		return new(big.Rat)
-	}
-	return value
-}
-
-// amount is v in currency's minor units: a whole number from 1 to 10^15.
-func (o *oracle) amount(v any, currency string) int64 {
-	value := o.decimal("amount", v)
-	minor, fits := scaledInt(value, o.exponent(currency), maxAmountMinor)
-	if !fits || minor < 1 {
-		o.errorf("amount %v is not 1 to 10^15 whole minor units of %s", v, currency)
-	}
-	return minor
-}
-
-// fee is v in basis points: a whole number from 1 (0.01%) to 10000 (100%).
-func (o *oracle) fee(v any) int64 {
-	bp, fits := scaledInt(o.decimal(feeField, v), 2, 10_000)
-	if !fits || bp < 1 {
-		o.errorf("%s %v is not 0.01 to 100 in steps of 0.01", feeField, v)
-	}
-	return bp
-}
-
-// oneOf returns v, noting one that is not exactly one of allowed.
-func (o *oracle) oneOf(name string, v any, allowed ...string) string {
-	s := o.text(name, v)
-	if !slices.Contains(allowed, s) {
-		o.errorf("%s %q is not one of %q", name, s, allowed)
-	}
-	return s
-}
-
-// interval is the stored billing interval for v, any spelling in any case.
-func (o *oracle) interval(v any) string {
-	s := o.text("billingInterval", v)
-	for spelling, interval := range intervalSpellings {
-		if strings.EqualFold(s, spelling) {
-			return interval
+	view := e.getView(e.key, want.ID)
+	for _, name := range []string{"createdAt", "updatedAt"} { // RFC 3339 UTC, any fraction of a second
+		if at, _ := view[name].(string); strings.HasSuffix(at, "Z") {
+			view[name], _ = time.Parse(time.RFC3339Nano, at)
 		}
 	}
-	o.errorf("billingInterval %q is not a known spelling", s)
-	return ""
-}
-
-// shows notes where get's view of button id differs from want, at version.
-func (o *oracle) shows(got map[string]any, want button, id string, version int64) {
-	orNull := func(s string) any {
-		if s == "" {
-			return nil
-		}
-		return s
-	}
-	for name, value := range map[string]any{
-		"id":              id,
-		"productName":     want.ProductName,
-		"description":     orNull(want.Description),
-		"currency":        want.Currency,
-		"billingInterval": orNull(want.BillingInterval),
-		"paymentMethod":   want.PaymentMethod,
-		"paymentType":     want.PaymentType,
-		"isLive":          want.IsLive,
-		"state":           "active",
-		"version":         float64(version),
-		"deletedAt":       nil,
-	} {
-		if got[name] != value {
-			o.errorf("get shows %s %#v, want %#v", name, got[name], value)
+	for name, w := range shown {
+		if !reflect.DeepEqual(view[name], w) {
+			t.Errorf("%s\nget shows %s %#v, want %#v", r.request, name, view[name], w)
 		}
 	}
-	exp := currencyExponents[want.Currency]
-	amount, _ := got["amount"].(string)
-	if minor, fits := scaledInt(plainDecimal(amount), exp, maxAmountMinor); !fits || minor != want.AmountMinor || decimalPlaces(amount) != exp {
-		o.errorf("get shows amount %#v, want %d minor units of %s with %d places", got["amount"], want.AmountMinor, want.Currency, exp)
-	}
-	fee, _ := got[feeField].(string)
-	if want.FeeBasisPoints == 0 && got[feeField] != nil {
-		o.errorf("get shows %s %#v, want null", feeField, got[feeField])
-	}
-	if bp, fits := scaledInt(plainDecimal(fee), 2, 10_000); want.FeeBasisPoints != 0 && (!fits || bp != want.FeeBasisPoints || decimalPlaces(fee) != 2) {
-		o.errorf("get shows %s %#v, want %d basis points with 2 places", feeField, got[feeField], want.FeeBasisPoints)
+	if len(view) != len(shown) {
+		t.Errorf("%s\nget shows %d fields, want %d: %v", r.request, len(view), len(shown), view)
 	}
 }
