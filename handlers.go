@@ -90,10 +90,13 @@ func newServer(st storage, log *slog.Logger, cfg config) *server {
 	mux.Handle("DELETE /product-payment/delete/{id}", s.keyed(true, s.changeState("delete", "deleted")))
 	mux.Handle("POST /product-payment/restore/{id}", s.keyed(true, s.changeState("restore", "restored")))
 	mux.HandleFunc("GET /healthz", s.handleHealth)
-	mux.HandleFunc("GET /openapi.json", s.handleOpenAPI)
+	mux.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, r *http.Request) { w.Write(openAPIDocument) })
 	if cfg.metrics {
 		s.metrics = &metrics{routes: map[string]*routeMetrics{}}
-		mux.HandleFunc("GET /metrics", s.handleMetrics)
+		mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8") // Prometheus text format
+			s.metrics.write(w, s.store)
+		})
 	}
 	s.Handler = s.withBasics(s.enveloped(mux))
 	return s
@@ -103,10 +106,6 @@ func newServer(st storage, log *slog.Logger, cfg config) *server {
 //
 //go:embed openapi.json
 var openAPIDocument []byte
-
-func (s *server) handleOpenAPI(w http.ResponseWriter, r *http.Request) {
-	w.Write(openAPIDocument)
-}
 
 // handleHealth answers 200 when the database answers, 503 when it does not or refuses writes.
 func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
@@ -135,9 +134,8 @@ func (s *server) handleCreate(w http.ResponseWriter, r *http.Request, who actor)
 
 func (s *server) handleGet(w http.ResponseWriter, r *http.Request) {
 	var b button
-	_, ok := s.admit(w, r, false, func(ctx context.Context, secret string) (apiKey, error) {
-		key, found, err := s.store.getButtonWithKey(ctx, secret, r.PathValue("id"))
-		b = found
+	_, ok := s.admit(w, r, false, func(ctx context.Context, secret string) (key apiKey, err error) {
+		key, b, err = s.store.getButtonWithKey(ctx, secret, r.PathValue("id"))
 		return key, err
 	})
 	switch {
@@ -839,9 +837,3 @@ func (w *recordingWriter) Write(b []byte) (int, error) {
 
 // Unwrap lets http.ResponseController reach the connection.
 func (w *recordingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-// handleMetrics answers in the Prometheus text exposition format.
-func (s *server) handleMetrics(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	s.metrics.write(w, s.store)
-}

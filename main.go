@@ -323,17 +323,14 @@ func keys(ctx context.Context, command string, args []string, getenv func(string
 	defer st.close()
 	switch command {
 	case "create":
-		secret, id, err := st.createKey(ctx, *account, *readOnly)
-		if err != nil {
-			return err
+		var secret, id string
+		if secret, id, err = st.createKey(ctx, *account, *readOnly); err == nil {
+			fmt.Fprintln(stdout, secret)
+			fmt.Fprintf(stderr, "paybuttons: created %s for account %q\n", id, *account)
 		}
-		fmt.Fprintln(stdout, secret)
-		fmt.Fprintf(stderr, "paybuttons: created %s for account %q\n", id, *account)
 	case "list":
-		all, err := st.listKeys(ctx)
-		if err != nil {
-			return err
-		}
+		var all []apiKey
+		all, err = st.listKeys(ctx)
 		orNever := func(t timestamp) string { return map[bool]string{true: "never", false: t.String()}[t.IsZero()] }
 		for _, k := range all {
 			fmt.Fprintf(stdout, "%s\t%s\t%s\tcreated %s\tlast used %s\trevoked %s\n", k.ID, k.Account,
@@ -341,13 +338,9 @@ func keys(ctx context.Context, command string, args []string, getenv func(string
 				orNever(k.LastUsedAt), orNever(k.RevokedAt))
 		}
 	case "revoke":
-		if err := st.revokeKey(ctx, fs.Arg(0)); errors.Is(err, errNotFound) {
-			return fmt.Errorf("no key with id %q", fs.Arg(0))
-		} else if err != nil {
-			return err
-		}
+		err = st.revokeKey(ctx, fs.Arg(0))
 	}
-	return st.close()
+	return cmp.Or(err, st.close())
 }
 
 // fileCommand runs `backup [-db FILE] DEST_FILE`, a consistent copy of the database taken while servers keep using
@@ -380,8 +373,7 @@ func fileCommand(ctx context.Context, command string, args []string, getenv func
 	return err
 }
 
-// version is the module version the binary was built from (with its VCS revision, when built in a checkout) and the
-// Go version.
+// version is the module version the binary was built from, and the Go version.
 func version() string {
 	if info, ok := debug.ReadBuildInfo(); ok {
 		return info.Main.Version + " " + info.GoVersion
@@ -514,8 +506,7 @@ func (m *metrics) write(w io.Writer, st storage) {
 	}
 	series("paybuttons_http_request_duration_seconds", "histogram", "Time to answer a request, by route pattern.")
 	for _, route := range routes {
-		durations := m.routes[route].durations
-		durations.write(&out, "paybuttons_http_request_duration_seconds", fmt.Sprintf("route=%q", route))
+		m.routes[route].durations.write(&out, "paybuttons_http_request_duration_seconds", fmt.Sprintf("route=%q", route))
 	}
 	m.mu.Unlock()
 	commits, ops, batches, size := st.stats()

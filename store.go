@@ -69,8 +69,6 @@ var (
 	errClosed = &apiError{code: "unavailable", message: "the server is shutting down; retry shortly"}
 )
 
-func wrongState(why string) *apiError { return &apiError{code: "wrong_state", message: why} }
-
 const (
 	stateActive  = "active"
 	stateDeleted = "deleted"
@@ -747,7 +745,7 @@ func (s *store) listKeys(ctx context.Context) ([]apiKey, error) {
 	})
 }
 
-// revokeKey revokes the key with id, or returns errNotFound; revoking it again changes nothing.
+// revokeKey revokes the key with id; revoking it again changes nothing.
 func (s *store) revokeKey(ctx context.Context, id string) error {
 	var found int64
 	err := s.write(ctx, func(tx *writeTx) error {
@@ -758,7 +756,7 @@ func (s *store) revokeKey(ctx context.Context, id string) error {
 		return err
 	})
 	if err == nil && found == 0 {
-		return errNotFound
+		return fmt.Errorf("no key with id %q", id)
 	}
 	return err
 }
@@ -1000,11 +998,11 @@ func (s *store) changeButton(ctx context.Context, who actor, id string, ifMatch 
 		before := b
 		switch {
 		case action == "update" && b.State == stateDeleted:
-			return outcome{}, wrongState("button is deleted; restore it first")
+			return outcome{}, &apiError{code: "wrong_state", message: "button is deleted; restore it first"}
 		case action == "delete" && b.State == stateDeleted:
-			return outcome{}, wrongState("button is already deleted")
+			return outcome{}, &apiError{code: "wrong_state", message: "button is already deleted"}
 		case action == "restore" && b.State == stateActive:
-			return outcome{}, wrongState("button is not deleted")
+			return outcome{}, &apiError{code: "wrong_state", message: "button is not deleted"}
 		case action == "delete":
 			b.State, b.DeletedAt = stateDeleted, now()
 		case action == "restore":

@@ -391,11 +391,8 @@ func (f *fields) billingInterval() (string, bool) {
 	s, _ := f.str("billingInterval", false)
 	// Lower-cased as ASCII only: strings.ToLower maps the Kelvin sign to "k".
 	interval, known := billingIntervals[strings.ToLower(s)]
-	switch _, failed := f.problems["billingInterval"]; {
-	case failed:
-		return "", false
-	case s != "" && (!known || !asciiIn(s, 1, 8, letters)):
-		f.fail("billingInterval", `must be one of "day", "week", "month", "year"`)
+	if _, failed := f.problems["billingInterval"]; failed || s != "" && (!known || !asciiIn(s, 1, 8, letters)) {
+		f.fail("billingInterval", `must be one of "day", "week", "month", "year"`) // kept, when it failed already
 		return "", false
 	}
 	return interval, true
