@@ -28,8 +28,12 @@ import (
 	"unicode"
 )
 
-// maxBodyBytes caps every request body (64 KiB).
-const maxBodyBytes = 64 << 10
+const (
+	maxBodyBytes = 64 << 10 // every request body's cap (64 KiB)
+	readShares   = 2        // of the 4 reader connections, those one account's lists, histories and feeds may hold
+)
+
+var errNoPath = &apiError{code: "not_found", message: "no such path"}
 
 // statusOf is the one table from an error's code to its HTTP status.
 var statusOf = map[string]int{
@@ -69,7 +73,8 @@ type server struct {
 	goodKeys     sync.Map     // SHA-256 of live keys: exempt from the failure limit
 	keysLoaded   atomic.Int64 // when goodKeys was last loaded from the database, in Unix nanoseconds
 	inFlight     sync.Map     // account and Idempotency-Key of writes still running
-	metrics      *metrics     // nil when /metrics is off
+	metrics      metrics
+	shares       sync.Map // account -> its shares of the reader connections (readShares)
 	stopping     context.Context
 	stop         context.CancelFunc // answers every request waiting on the change feed at once
 }
@@ -81,24 +86,37 @@ func newServer(st storage, log *slog.Logger, cfg config) *server {
 		failures: newRateLimiter(20, 100)}
 	s.stopping, s.stop = context.WithCancel(context.Background())
 	mux := http.NewServeMux()
-	mux.Handle("POST /product-payment/create", s.keyed(true, s.handleCreate))
-	mux.HandleFunc("GET /product-payment/get/{id}", s.handleGet) // checks the key in its own query
-	mux.Handle("GET /product-payment/list", s.keyed(false, s.handleList))
-	mux.Handle("GET /product-payment/history/{id}", s.keyed(false, s.handleHistory))
-	mux.Handle("GET /product-payment/changes", s.keyed(false, s.handleChanges))
-	mux.Handle("POST /product-payment/update/{id}", s.keyed(true, s.handleUpdate))
-	mux.Handle("DELETE /product-payment/delete/{id}", s.keyed(true, s.changeState("delete", "deleted")))
-	mux.Handle("POST /product-payment/restore/{id}", s.keyed(true, s.changeState("restore", "restored")))
-	mux.HandleFunc("GET /healthz", s.handleHealth)
-	mux.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, r *http.Request) { w.Write(openAPIDocument) })
+	allowed := map[string]string{} // path -> the methods its route answers, for a 405's Allow
+	route := func(pattern string, h http.HandlerFunc) {
+		method, path, _ := strings.Cut(pattern, " ")
+		allowed[path] = strings.Replace(method, "GET", "GET, HEAD", 1)
+		mux.Handle(pattern, h)
+	}
+	route("POST /product-payment/create", s.keyed(true, s.handleCreate))
+	route("GET /product-payment/get/{id}", s.handleGet) // checks the key in its own query
+	route("GET /product-payment/list", s.keyed(false, s.handleList))
+	route("GET /product-payment/history/{id}", s.keyed(false, s.handleHistory))
+	route("GET /product-payment/changes", s.keyed(false, s.handleChanges))
+	route("POST /product-payment/update/{id}", s.keyed(true, s.handleUpdate))
+	route("DELETE /product-payment/delete/{id}", s.keyed(true, s.changeState("delete", "deleted")))
+	route("POST /product-payment/restore/{id}", s.keyed(true, s.changeState("restore", "restored")))
+	route("GET /healthz", s.handleHealth)
+	route("GET /openapi.json", func(w http.ResponseWriter, r *http.Request) { w.Write(openAPIDocument) })
 	if cfg.metrics {
-		s.metrics = &metrics{routes: map[string]*routeMetrics{}}
-		mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		route("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8") // Prometheus text format
 			s.metrics.write(w, s.store)
 		})
 	}
-	s.Handler = s.withBasics(s.enveloped(mux))
+	for path, methods := range allowed { // a path without a method: every method its route does not answer
+		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", methods)
+			s.writeError(w, r, &apiError{code: "method_not_allowed",
+				message: "method " + r.Method + " is not allowed here; allowed: " + methods})
+		})
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { s.writeError(w, r, errNoPath) })
+	s.Handler = s.withBasics(mux)
 	return s
 }
 
@@ -161,6 +179,11 @@ func (s *server) handleList(w http.ResponseWriter, r *http.Request, who actor) {
 		s.writeError(w, r, err)
 		return
 	}
+	release, ok := s.share(w, r, who.Account)
+	if !ok {
+		return
+	}
+	defer release()
 	limit := f.Limit
 	f.Limit++ // one more than asked says whether there is a next page
 	buttons, scanEnd, err := s.store.listButtons(r.Context(), who.Account, f)
@@ -200,6 +223,11 @@ func (s *server) handleHistory(w http.ResponseWriter, r *http.Request, who actor
 		s.writeError(w, r, err)
 		return
 	}
+	release, ok := s.share(w, r, who.Account)
+	if !ok {
+		return
+	}
+	defer release()
 	entries, current, err := s.store.buttonHistory(r.Context(), who.Account, r.PathValue("id"), after, limit)
 	if err != nil {
 		s.writeError(w, r, err)
@@ -261,7 +289,13 @@ func (s *server) handleChanges(w http.ResponseWriter, r *http.Request, who actor
 	var buttons []button
 	for {
 		changed := s.store.watch(who.Account) // watched before the read: no commit falls between
-		if buttons, err = s.store.changes(r.Context(), who.Account, since, limit+1); err != nil {
+		release, ok := s.share(w, r, who.Account)
+		if !ok {
+			return
+		}
+		buttons, err = s.store.changes(r.Context(), who.Account, since, limit+1)
+		release() // held for the read, not while waiting
+		if err != nil {
 			s.writeError(w, r, err)
 			return
 		}
@@ -658,12 +692,12 @@ func (s *server) send(w http.ResponseWriter, r *http.Request, answer storedRespo
 // --- wrappers ---
 
 // keyed admits the request's key and, for a write, its scope before h runs, and so before any body is read.
-func (s *server) keyed(write bool, h func(w http.ResponseWriter, r *http.Request, who actor)) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+func (s *server) keyed(write bool, h func(w http.ResponseWriter, r *http.Request, who actor)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
 		if key, ok := s.admit(w, r, write, s.store.authenticate); ok {
 			h(w, r, actor{Account: key.Account, KeyID: key.ID, RequestID: requestID(r.Context())})
 		}
-	})
+	}
 }
 
 // admit looks up the request's X-API-KEY with lookup. It answers 401 for a missing, unknown or revoked key, 429
@@ -684,6 +718,12 @@ func (s *server) admit(w http.ResponseWriter, r *http.Request, write bool,
 	_, known := s.goodKeys.Load(hash)
 	if host, _, _ := net.SplitHostPort(r.RemoteAddr); !known {
 		if ok, wait := s.failures.allow(host, time.Now()); !ok && !s.isLiveKey(r.Context(), hash) {
+			// Held for its Retry-After first: a flood that waits for its answers then costs a request per
+			// connection a second, not two busy cores.
+			select {
+			case <-time.After(time.Duration(math.Ceil(wait.Seconds())) * time.Second):
+			case <-r.Context().Done():
+			}
 			return refuse(&apiError{code: "rate_limited",
 				message: "too many requests without a valid API key from this address; retry later"}, wait)
 		}
@@ -713,6 +753,23 @@ func (s *server) admit(w http.ResponseWriter, r *http.Request, write bool,
 	return key, true
 }
 
+// share waits for one of the account's readShares, so that one account's reads queue behind each other and never
+// take every reader connection (and both cores) from the others. After 5 s it answers unavailable and returns false.
+func (s *server) share(w http.ResponseWriter, r *http.Request, account string) (release func(), ok bool) {
+	v, _ := s.shares.LoadOrStore(account, make(chan struct{}, readShares))
+	timer := time.NewTimer(5 * time.Second)
+	defer timer.Stop()
+	select {
+	case v.(chan struct{}) <- struct{}{}:
+		return func() { <-v.(chan struct{}) }, true
+	case <-timer.C:
+		s.writeError(w, r, &apiError{code: "unavailable", message: "this account's reads are queued too deep; retry shortly"})
+	case <-r.Context().Done():
+		s.writeError(w, r, classify(r.Context().Err()))
+	}
+	return nil, false
+}
+
 // isLiveKey reloads the hashes of the live keys, at most once a second, and reports whether hash is one: a valid
 // key that has not been used since the server started still works from an address that floods it with bad ones.
 func (s *server) isLiveKey(ctx context.Context, hash [sha256.Size]byte) bool {
@@ -726,45 +783,6 @@ func (s *server) isLiveKey(ctx context.Context, hash [sha256.Size]byte) bool {
 	_, live := s.goodKeys.Load(hash)
 	return live
 }
-
-// enveloped routes through mux, but answers what the mux would answer in plain text (404, 405, and redirects to a
-// cleaned path) with the envelope instead.
-func (s *server) enveloped(mux *http.ServeMux) http.Handler {
-	notFound := &apiError{code: "not_found", message: "no such path"}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		// A path with "..", "//", "." or a trailing slash would be redirected.
-		if r.URL.Path == "" || path.Clean(r.URL.Path) != r.URL.Path {
-			s.writeError(w, r, notFound)
-			return
-		}
-		h, pattern := mux.Handler(r)
-		if pattern != "" {
-			mux.ServeHTTP(w, r)
-			return
-		}
-		// Ask the mux's own handler whether this is a 404 or a 405, and which methods the path allows.
-		probe := &probeWriter{header: http.Header{}}
-		h.ServeHTTP(probe, r)
-		if probe.status != http.StatusMethodNotAllowed {
-			s.writeError(w, r, notFound)
-			return
-		}
-		allow := probe.header.Get("Allow")
-		w.Header().Set("Allow", allow)
-		s.writeError(w, r, &apiError{code: "method_not_allowed",
-			message: "method " + r.Method + " is not allowed here; allowed: " + allow})
-	})
-}
-
-// probeWriter keeps the status and headers a handler writes and drops its body.
-type probeWriter struct {
-	header http.Header
-	status int
-}
-
-func (p *probeWriter) Header() http.Header         { return p.header }
-func (p *probeWriter) WriteHeader(status int)      { p.status = status }
-func (p *probeWriter) Write(b []byte) (int, error) { return len(b), nil }
 
 // requestInfo is what the access line says of a request beyond what the request itself holds; the wrappers fill it
 // in as they learn it.
@@ -781,8 +799,8 @@ func requestID(ctx context.Context) string {
 }
 
 // withBasics sets the headers every response carries, gives the request its id (the caller's X-Request-Id when it
-// is sane), turns a panic into a logged 500, and writes the access line (never the key, only its id) and the
-// metrics.
+// is sane), turns a panic into a logged 500, writes the access line (never the key, only its id) and the metrics,
+// and answers 404 for the paths the mux would answer with a redirect or in plain text.
 func (s *server) withBasics(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
@@ -813,7 +831,11 @@ func (s *server) withBasics(next http.Handler) http.Handler {
 				slog.Int("bytes", rec.bytes), slog.String("requestId", info.id), slog.String("keyId", info.keyID))
 			s.metrics.observe(r.Pattern, rec.status, time.Since(start))
 		}()
-		next.ServeHTTP(rec, r)
+		if path.Clean("/"+r.URL.Path) != r.URL.Path { // the mux would redirect it ("..", "//", "/x/") or not route it ("*")
+			s.writeError(rec, r, errNoPath)
+		} else {
+			next.ServeHTTP(rec, r)
+		}
 	})
 }
 

@@ -7,7 +7,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -58,7 +57,6 @@ const usage = `usage:
   paybuttons keys revoke [-db FILE] KEY_ID
   paybuttons backup      [-db FILE] DEST_FILE
   paybuttons check       [-db FILE]
-  paybuttons version
 Every flag can also be set with PAYBUTTONS_<FLAG> (PAYBUTTONS_DB, PAYBUTTONS_RATE, ...); a flag beats its variable.`
 
 // run is the whole program: it parses args (args[0] is the program name), reads the environment through getenv and
@@ -79,14 +77,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return keys(ctx, args[0], args[1:], getenv, stdout, stderr)
 	case "backup", "check":
 		return fileCommand(ctx, command, args, getenv, stdout)
-	case "version":
-		fmt.Fprintln(stdout, "paybuttons", version())
-		return nil
 	case "help":
 		fmt.Fprintln(stdout, usage)
 		return nil
 	}
-	return &usageError{fmt.Sprintf("unknown command %q (try: serve, keys, backup, check, version)", command)}
+	return &usageError{fmt.Sprintf("unknown command %q (try: serve, keys, backup, check)", command)}
 }
 
 // parseFlags fills fs from the environment (PAYBUTTONS_ and the flag's name in capitals, "-" as "_"), then from
@@ -186,6 +181,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 
 	api := newServer(st, logger, config{providerName: *providerName, rate: *rate, burst: *burst, metrics: *serveMetrics})
 	var open atomic.Int64
+	var refused sync.Map // connections closed at StateNew, already uncounted
 	srv := &http.Server{
 		Handler:                      api,
 		ReadHeaderTimeout:            5 * time.Second,
@@ -195,16 +191,15 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		MaxHeaderBytes:               16 << 10,
 		DisableGeneralOptionsHandler: true, // OPTIONS * gets the envelope too
 		ErrorLog:                     slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
-		TLSConfig:                    &tls.Config{MinVersion: tls.VersionTLS12},
 		// Past -max-conns a new connection is closed at once: idle connections cost memory, and a flood of them
 		// must not grow it.
 		ConnState: func(c net.Conn, state http.ConnState) {
-			switch state {
-			case http.StateNew:
-				if open.Add(1) > int64(*maxConns) {
-					c.Close()
-				}
-			case http.StateClosed, http.StateHijacked:
+			switch _, wasRefused := refused.LoadAndDelete(c); {
+			case state == http.StateNew && open.Add(1) > int64(*maxConns):
+				open.Add(-1) // at once: a burst of refusals must not hold places until their goroutines close them
+				refused.Store(c, true)
+				c.Close()
+			case (state == http.StateClosed || state == http.StateHijacked) && !wasRefused:
 				open.Add(-1)
 			}
 		},
@@ -219,7 +214,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	} else {
 		go func() { served <- srv.Serve(ln) }()
 	}
-	logger.Info("listening", "url", scheme+"://"+ln.Addr().String(), "db", dbPath, "version", version())
+	logger.Info("listening", "url", scheme+"://"+ln.Addr().String(), "db", dbPath)
 
 	select {
 	case err := <-served:
@@ -373,14 +368,6 @@ func fileCommand(ctx context.Context, command string, args []string, getenv func
 	return err
 }
 
-// version is the module version the binary was built from, and the Go version.
-func version() string {
-	if info, ok := debug.ReadBuildInfo(); ok {
-		return info.Main.Version + " " + info.GoVersion
-	}
-	return "(unknown)"
-}
-
 // --- rate limits ---
 
 // rateLimiter is a token bucket per key (an API key's id, or an address): rate tokens a second up to burst. A rate
@@ -444,12 +431,14 @@ type routeMetrics struct {
 var durationBounds = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10}
 
 func (m *metrics) observe(route string, status int, d time.Duration) {
-	if m == nil {
-		return
+	if !strings.Contains(route, " /") { // no route: the mux's 404 ("/") and 405s (a bare path)
+		route = "unmatched"
 	}
-	route = cmp.Or(route, "unmatched")
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.routes == nil {
+		m.routes = map[string]*routeMetrics{}
+	}
 	if m.routes[route] == nil {
 		m.routes[route] = &routeMetrics{statuses: map[int]int64{},
 			durations: histogram{bounds: durationBounds, counts: make([]int64, len(durationBounds)+1)}}

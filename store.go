@@ -452,15 +452,10 @@ func migrate(conn *sql.Conn) error {
 		return fmt.Errorf("schema version %d is newer than this paybuttons knows (%d)", version, len(migrations))
 	}
 	for ; version < len(migrations); version++ {
-		tx, err := conn.BeginTx(ctx, nil)
-		if err == nil {
-			_, err = tx.Exec(fmt.Sprintf("%s;\nPRAGMA user_version = %d", migrations[version], version+1))
-		}
-		if err == nil {
-			err = tx.Commit()
-		}
+		_, err := conn.ExecContext(ctx, fmt.Sprintf("BEGIN IMMEDIATE;\n%s;\nPRAGMA user_version = %d;\nCOMMIT",
+			migrations[version], version+1))
 		if err != nil {
-			tx.Rollback()
+			conn.ExecContext(ctx, "ROLLBACK") // fails harmlessly when SQLite has rolled back already
 			return fmt.Errorf("migration %d: %w", version+1, describeOpenError(err))
 		}
 	}
@@ -627,9 +622,8 @@ func (s *store) ping(ctx context.Context) error {
 	}
 	var n int
 	return classify(s.health.QueryRowContext(ctx, `SELECT (SELECT last FROM change_counter) +
-		(SELECT count(*) FROM (SELECT 1 FROM api_keys LIMIT 1)) + (SELECT count(*) FROM (SELECT 1 FROM buttons LIMIT 1)) +
-		(SELECT count(*) FROM (SELECT 1 FROM button_history LIMIT 1)) +
-		(SELECT count(*) FROM (SELECT 1 FROM idempotency_keys LIMIT 1))`).Scan(&n))
+		EXISTS (SELECT 1 FROM api_keys) + EXISTS (SELECT 1 FROM buttons) + EXISTS (SELECT 1 FROM button_history) +
+		EXISTS (SELECT 1 FROM idempotency_keys)`).Scan(&n))
 }
 
 func (s *store) stats() (commits, ops int64, batches []int64, size int64) {

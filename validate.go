@@ -405,7 +405,7 @@ func (f *fields) fee() (int64, bool) {
 	bp, fits := d.scaled(2, maxFeeBasisPoints)
 	switch {
 	case !ok:
-	case d.places() > 2:
+	case len(d.frac) > 2:
 		f.fail(feeField, "must have at most 2 decimal places")
 	case !fits || bp == 0:
 		f.fail(feeField, "must be between 0.01 and 100")
@@ -483,17 +483,14 @@ func parseDecimal(s string) (decimal, bool) {
 
 func (d decimal) isZero() bool { return d.whole == "" && d.frac == "" }
 
-// places is how many decimal places d needs.
-func (d decimal) places() int { return len(d.frac) }
-
 // scaled returns d * 10^exp; false when d needs more than exp places or the result is above limit. Digit strings of
 // any length are safe.
 func (d decimal) scaled(exp int, limit int64) (int64, bool) {
-	if d.places() > exp || d.isZero() {
+	if len(d.frac) > exp || d.isZero() {
 		return 0, d.isZero()
 	}
 	// A digit string too long for int64 is a range error, not an overflow.
-	n, err := strconv.ParseInt(d.whole+d.frac+strings.Repeat("0", exp-d.places()), 10, 64)
+	n, err := strconv.ParseInt(d.whole+d.frac+strings.Repeat("0", exp-len(d.frac)), 10, 64)
 	return n, err == nil && n <= limit
 }
 
@@ -506,9 +503,9 @@ func (f *fields) minorUnits(name string, d decimal, currency string) int64 {
 	switch {
 	case !active:
 		f.fail(name, fmt.Sprintf("cannot be expressed in %s, which is no longer an active currency", currency))
-	case d.places() > exp && exp == 0:
+	case len(d.frac) > exp && exp == 0:
 		f.fail(name, fmt.Sprintf("cannot be expressed in %s, which has no decimal places", currency))
-	case d.places() > exp:
+	case len(d.frac) > exp:
 		f.fail(name, fmt.Sprintf("cannot be expressed in %s, which has at most %d decimal places", currency, exp))
 	case !fits:
 		f.fail(name, fmt.Sprintf("is above the maximum of %s %s", formatAmount(maxAmountMinor, currency), currency))
