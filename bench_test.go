@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -56,42 +55,4 @@ func BenchmarkGet(b *testing.B) {
 			benchRequest(b, "GET", e.url+"/product-payment/get/"+id, e.key, "")
 		}
 	})
-}
-
-// BenchmarkList100k pages through an account of 100,000 buttons (1,000 of
-// them deleted, half of them live) over real HTTP, one page of 20 a request.
-func BenchmarkList100k(b *testing.B) {
-	e := newTestServer(b)
-	var middle string
-	for chunk := 0; chunk < 100; chunk++ {
-		err := e.store.write(context.Background(), func(tx *writeTx) error {
-			for i := 0; i < 1000; i++ {
-				n := chunk*1000 + i
-				state, deleted := stateActive, any(nil)
-				if n%100 == 0 {
-					state, deleted = stateDeleted, "2026-01-01T00:00:00.000Z"
-				}
-				id := e.store.ids.next()
-				if n == 50_000 {
-					middle = id
-				}
-				if _, err := tx.exec(`INSERT INTO buttons (id, account, `+selectButton+`)
-					VALUES (?, 'acme', 'Widget', NULL, 1990, 'USD', NULL, 'Stripe', 'one_time', ?, NULL, ?, 1,
-					'2026-01-01T00:00:00.000Z', '2026-01-01T00:00:00.000Z', ?)`, id, n%2 == 0, state, deleted); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			b.Fatal(err)
-		}
-	}
-	for _, query := range []string{"state=active", "state=deleted", "state=all&after=" + middle, "isLive=true", "state=deleted&after=" + middle} {
-		b.Run(query, func(b *testing.B) {
-			for range b.N {
-				benchRequest(b, "GET", e.url+"/product-payment/list?"+query, e.key, "")
-			}
-		})
-	}
 }
