@@ -12,7 +12,7 @@
 set -euo pipefail
 
 OAPI_CODEGEN=v2.8.2     # github.com/oapi-codegen/oapi-codegen/v2, as in examples/goclient/generate.go
-OAPI_RUNTIME=v1.8.0     # github.com/oapi-codegen/runtime, as in examples/goclient/go.mod
+OAPI_RUNTIME=v1.8.0     # github.com/oapi-codegen/runtime, as in examples/go.mod
 HEY_API=0.95.0          # @hey-api/openapi-ts: its last release that runs on Node.js 20
 OPENAPI_TYPESCRIPT=7.13.0
 OPENAPI_FETCH=0.17.0

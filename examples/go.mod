@@ -1,6 +1,6 @@
-module github.com/paybuttons/paybuttons/examples/goclient
+module github.com/paybuttons/paybuttons/examples
 
-go 1.26.8
+go 1.26.0
 
 require github.com/oapi-codegen/runtime v1.8.0
 

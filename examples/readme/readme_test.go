@@ -1,0 +1,197 @@
+// Package readme runs the README's walkthrough as a new user would: every command of every console block, in order,
+// in one shell, in a fresh copy of the repository, against the real server the README starts. Each command's output
+// must be the one the README shows, once ids, secrets, times and durations are masked.
+//
+//	go test ./readme                   # check
+//	go test ./readme -update           # write the outputs of this run into the README
+package readme
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+var update = flag.Bool("update", false, "write this run's outputs into ../../README.md")
+
+// command is one "$ " line of a console block (with its continuation lines) and the output the README shows.
+type command struct {
+	text   string
+	output []string
+	line   int // where its output starts in the README, 0-based
+	end    int // the line after its output
+}
+
+// parse returns the commands of every ```console block, in order.
+func parse(readme []string) []command {
+	var cmds []command
+	inConsole := false
+	for i := 0; i < len(readme); i++ {
+		line := readme[i]
+		switch {
+		case strings.HasPrefix(line, "```console"):
+			inConsole = true
+		case strings.HasPrefix(line, "```"):
+			inConsole = false
+		case inConsole && strings.HasPrefix(line, "$ "):
+			// A command goes on over the lines after a backslash, and over indented lines (inside quotes).
+			c := command{text: strings.TrimPrefix(line, "$ ")}
+			for i+1 < len(readme) && (strings.HasSuffix(c.text, `\`) || strings.HasPrefix(readme[i+1], " ")) {
+				i++
+				c.text += "\n" + readme[i]
+			}
+			c.line, c.end = i+1, i+1
+			for c.end < len(readme) && !strings.HasPrefix(readme[c.end], "$ ") &&
+				!strings.HasPrefix(readme[c.end], "```") {
+				c.end++
+			}
+			c.output = readme[c.line:c.end]
+			cmds = append(cmds, c)
+		}
+	}
+	return cmds
+}
+
+// masks turn what differs from run to run into fixed text.
+var masks = []struct {
+	re   *regexp.Regexp
+	with string
+}{
+	{regexp.MustCompile(`btn_[0-9A-Z]{26}`), "btn_ID"},
+	{regexp.MustCompile(`key_[0-9A-Za-z]{16}`), "key_ID"},
+	{regexp.MustCompile(`pbk_[0-9A-Za-z_-]{43}`), "pbk_SECRET"},
+	{regexp.MustCompile(`req_[0-9a-z]+`), "req_ID"},
+	{regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z`), "TIME"},
+	{regexp.MustCompile(`\d{4}-\d\d-\d\d \d\d:\d\d:\d\d`), "TIME"},
+	{regexp.MustCompile(`(?m)^Date: .*$`), "Date: DATE"},
+	{regexp.MustCompile(`duration=\S+`), "duration=D"},
+	{regexp.MustCompile(`go1\.\d+(\.\d+)?`), "goVERSION"},
+	{regexp.MustCompile(`localhost:\d+`), "localhost:8080"},
+}
+
+func mask(s string) string {
+	for _, m := range masks {
+		s = m.re.ReplaceAllString(s, m.with)
+	}
+	return s
+}
+
+func TestREADMECommandsRunVerbatim(t *testing.T) {
+	if _, err := exec.LookPath("curl"); err != nil {
+		t.Skip("curl is not installed")
+	}
+	root, _ := filepath.Abs("../..")
+	readmePath := filepath.Join(root, "README.md")
+	text, err := os.ReadFile(readmePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := strings.Split(string(text), "\n")
+	cmds := parse(readme)
+	if len(cmds) < 20 {
+		t.Fatalf("found %d commands in README.md's console blocks, want the whole walkthrough", len(cmds))
+	}
+
+	// A fresh copy: the files git tracks, and the new ones it does not ignore, as they are now.
+	clone := t.TempDir()
+	files, err := exec.Command("git", "-C", root, "ls-files", "-co", "--exclude-standard").Output()
+	if err != nil {
+		t.Fatalf("git ls-files: %v", err)
+	}
+	for _, name := range strings.Fields(string(files)) {
+		data, err := os.ReadFile(filepath.Join(root, name))
+		if err != nil {
+			continue // deleted in the working tree
+		}
+		os.MkdirAll(filepath.Join(clone, filepath.Dir(name)), 0o755)
+		if err := os.WriteFile(filepath.Join(clone, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// One shell runs every command, so that variables and the background server carry over; a marker line before
+	// each says where its output starts. The port 8080 of the README becomes a free one.
+	port := freePort(t)
+	var script strings.Builder
+	script.WriteString("exec 2>&1\nset +e\n")
+	for i, c := range cmds {
+		fmt.Fprintf(&script, "printf '\\n@@ %d\\n'\n%s\n", i, strings.ReplaceAll(c.text, "localhost:8080", "localhost:"+port))
+	}
+	script.WriteString("printf '\\n@@ end\\n'\nkill %1 2>/dev/null; wait\n")
+	shell := exec.Command("bash", "-c", script.String())
+	shell.Dir = clone
+	shell.Env = append(os.Environ(), "PAYBUTTONS_ADDR=localhost:"+port)
+	var out bytes.Buffer
+	shell.Stdout, shell.Stderr = &out, &out
+	done := make(chan error, 1)
+	if err := shell.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- shell.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Minute):
+		shell.Process.Kill()
+		t.Fatalf("the README's commands did not finish in 5 minutes; output so far:\n%s", out.String())
+	}
+
+	got := splitOutputs(t, out.String(), len(cmds))
+	for i := len(cmds) - 1; i >= 0; i-- { // from the end: replacing lines keeps earlier line numbers
+		c := cmds[i]
+		if *update {
+			readme = append(readme[:c.line], append(got[i], readme[c.end:]...)...)
+			continue
+		}
+		if want, have := mask(strings.Join(c.output, "\n")), mask(strings.Join(got[i], "\n")); want != have {
+			t.Errorf("README.md line %d: $ %s\ngot:\n%s\nwant:\n%s", c.line, c.text, have, want)
+		}
+	}
+	if *update {
+		if err := os.WriteFile(readmePath, []byte(strings.Join(readme, "\n")), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// splitOutputs cuts the shell's output at the marker lines into each command's output lines. A marker starts with a
+// line break, so that it is on a line of its own after an output that does not end with one (curl's JSON); the empty
+// line that leaves after an output that does is dropped, and so are the CRs of HTTP headers.
+func splitOutputs(t *testing.T, out string, n int) [][]string {
+	outputs := make([][]string, n)
+	current := -1
+	out = strings.ReplaceAll(out, "\r\n", "\n")
+	out = regexp.MustCompile(`\n\n(@@ )`).ReplaceAllString(out, "\n$1")
+	for _, line := range strings.Split(strings.Trim(out, "\n"), "\n") {
+		var i int
+		if _, err := fmt.Sscanf(line, "@@ %d", &i); err == nil && strings.HasPrefix(line, "@@ ") {
+			current = i
+			continue
+		}
+		if line == "@@ end" {
+			break
+		}
+		if current < 0 {
+			t.Fatalf("output before the first command: %q", line)
+		}
+		outputs[current] = append(outputs[current], line)
+	}
+	return outputs
+}
+
+func freePort(t *testing.T) string {
+	ln, err := net.Listen("tcp", "localhost:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	return port
+}
