@@ -83,7 +83,7 @@ type server struct {
 // but /openapi.json and /metrics.
 func newServer(st storage, log *slog.Logger, cfg config) *server {
 	s := &server{store: st, log: log, providerName: cfg.providerName, limiter: newRateLimiter(cfg.rate, cfg.burst),
-		failures: newRateLimiter(20, 100)}
+		failures: newRateLimiter(20, 100), metrics: metrics{routes: map[string]*routeMetrics{}}}
 	s.stopping, s.stop = context.WithCancel(context.Background())
 	mux := http.NewServeMux()
 	allowed := map[string]string{} // path -> the methods its route answers, for a 405's Allow

@@ -436,9 +436,6 @@ func (m *metrics) observe(route string, status int, d time.Duration) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.routes == nil {
-		m.routes = map[string]*routeMetrics{}
-	}
 	if m.routes[route] == nil {
 		m.routes[route] = &routeMetrics{statuses: map[int]int64{},
 			durations: histogram{bounds: durationBounds, counts: make([]int64, len(durationBounds)+1)}}

@@ -4,18 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -27,33 +22,24 @@ import (
 	"time"
 )
 
+// The JSON access line names route, status, size, request id and key id, never the key.
 func TestAccessLogNamesTheKeyIDNeverTheKey(t *testing.T) {
 	t.Parallel()
 	db := filepath.Join(t.TempDir(), "log.db")
-	out, err := runCLI(t, nil, "keys", "create", "-account", "acme", "-db", db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key := strings.TrimSpace(out)
+	key := mintKeyCLI(t, db, "acme")
 	list, _ := runCLI(t, nil, "keys", "list", "-db", db)
 	keyID := strings.Fields(list)[0]
-
 	srv := startRun(t, "-db", db, "-log-format", "json")
-	req, _ := http.NewRequest("POST", srv.url+"/product-payment/create", strings.NewReader(createBody(nil)))
-	req.Header.Set("X-API-KEY", key)
-	req.Header.Set("X-Request-Id", "trace-7")
-	resp, err := http.DefaultClient.Do(req)
+	r, err := callAPI(http.DefaultClient, "POST", srv.url+"/product-payment/create", key, createBody(nil),
+		"X-Request-Id", "trace-7")
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
 	if err := srv.stop(); err != nil {
 		t.Fatal(err)
 	}
-
 	logs := srv.stderr.String()
-	if strings.Contains(logs, key) || strings.Contains(logs, key[4:]) {
+	if strings.Contains(logs, key[4:]) {
 		t.Fatalf("the key appears in the logs:\n%s", logs)
 	}
 	var access map[string]any
@@ -70,7 +56,7 @@ func TestAccessLogNamesTheKeyIDNeverTheKey(t *testing.T) {
 	}
 	want := map[string]any{
 		"method": "POST", "route": "POST /product-payment/create", "status": float64(200),
-		"bytes": float64(len(body)), "requestId": "trace-7", "keyId": keyID,
+		"bytes": float64(len(r.raw)), "requestId": "trace-7", "keyId": keyID,
 	}
 	for k, v := range want {
 		if access[k] != v {
@@ -85,24 +71,30 @@ func TestAccessLogNamesTheKeyIDNeverTheKey(t *testing.T) {
 	}
 }
 
-func TestLogLevelHidesAccessLines(t *testing.T) {
+// A start that cannot listen mints no key; the next, at -log-level warn, prints one but no info line.
+func TestFailedStartMintsNoKeyAndWarnLevelHidesInfo(t *testing.T) {
 	t.Parallel()
-	// At warn the listening line is hidden too, so the port is chosen here.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
+	addr, db := ln.Addr().String(), filepath.Join(t.TempDir(), "first.db")
+	var stderr syncBuffer
+	err = run(context.Background(), []string{"paybuttons", "-db", db, "-addr", addr}, func(string) string { return "" },
+		io.Discard, &stderr)
+	if err == nil || strings.Contains(stderr.String(), "pbk_") {
+		t.Errorf("a start on a busy port: got %v and %q, want an error and no key", err, stderr.String())
+	}
+	// At warn the listening line is hidden too, so the next start takes the port just freed.
 	ln.Close()
 	ctx, cancel := context.WithCancel(context.Background())
-	stderr := &syncBuffer{}
-	done := make(chan error, 1)
+	quiet, done := &syncBuffer{}, make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"paybuttons", "-addr", addr, "-db", filepath.Join(t.TempDir(), "quiet.db"), "-log-level", "warn"},
-			func(string) string { return "" }, io.Discard, stderr)
+		done <- run(ctx, []string{"paybuttons", "-addr", addr, "-db", db, "-log-level", "warn"},
+			func(string) string { return "" }, io.Discard, quiet)
 	}()
 	var resp *http.Response
-	for i := 0; i < 500; i++ {
+	for range 500 {
 		if resp, err = http.Get("http://" + addr + "/healthz"); err == nil {
 			break
 		}
@@ -116,59 +108,31 @@ func TestLogLevelHidesAccessLines(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if logs := stderr.String(); resp.StatusCode != 200 || strings.Contains(logs, "msg=request") || strings.Contains(logs, "msg=listening") {
-		t.Errorf("got status %d and info lines at -log-level warn:\n%s", resp.StatusCode, logs)
+	logs := quiet.String()
+	if resp.StatusCode != 200 || strings.Contains(logs, "msg=request") || strings.Contains(logs, "msg=listening") ||
+		!strings.Contains(logs, "pbk_") {
+		t.Errorf("got status %d and, at -log-level warn, info lines or no key:\n%s", resp.StatusCode, logs)
 	}
 }
 
-func TestVersionCommand(t *testing.T) {
-	out, err := runCLI(t, nil, "version")
-	if err != nil || !strings.HasPrefix(out, "paybuttons ") || !strings.Contains(out, "go1.") {
-		t.Errorf("got %q, %v, want paybuttons, the module version and the Go version", out, err)
-	}
-}
-
-// selfSignedCert writes a certificate for 127.0.0.1 and its key as PEM files
-// and returns their paths and the certificate.
-func selfSignedCert(t *testing.T) (certFile, keyFile string, cert *x509.Certificate) {
-	t.Helper()
-	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	template := &x509.Certificate{
-		SerialNumber: big.NewInt(1),
-		Subject:      pkix.Name{CommonName: "paybuttons test"},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, template, template, &priv.PublicKey, priv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ = x509.ParseCertificate(der)
-	keyDER, _ := x509.MarshalECPrivateKey(priv)
-	dir := t.TempDir()
-	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
-	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600)
-	return certFile, keyFile, cert
-}
-
+// -tls-cert and -tls-key serve HTTPS, never older than TLS 1.2.
 func TestServesTLS(t *testing.T) {
 	t.Parallel()
-	certFile, keyFile, cert := selfSignedCert(t)
-	srv := startRun(t, "-db", filepath.Join(t.TempDir(), "tls.db"), "-tls-cert", certFile, "-tls-key", keyFile)
+	ts := httptest.NewTLSServer(http.NotFoundHandler()) // for a certificate of 127.0.0.1 and a client that trusts it
+	defer ts.Close()
+	keyDER, err := x509.MarshalPKCS8PrivateKey(ts.TLS.Certificates[0].PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ts.Certificate().Raw}), 0o600)
+	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600)
+	srv := startRun(t, "-db", filepath.Join(dir, "tls.db"), "-tls-cert", certFile, "-tls-key", keyFile)
 	if !strings.HasPrefix(srv.url, "https://") {
 		t.Fatalf("got url %q, want https", srv.url)
 	}
-	roots := x509.NewCertPool()
-	roots.AddCert(cert)
-	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
-	resp, err := client.Get(srv.url + "/healthz")
+	resp, err := ts.Client().Get(srv.url + "/healthz")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,27 +140,28 @@ func TestServesTLS(t *testing.T) {
 	if resp.StatusCode != 200 || resp.TLS == nil || resp.TLS.Version < tls.VersionTLS12 {
 		t.Errorf("got status %d over %v, want 200 over TLS 1.2 or later", resp.StatusCode, resp.TLS)
 	}
-	// The server refuses versions older than TLS 1.2.
-	old := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, MaxVersion: tls.VersionTLS11}}}
-	if resp, err := old.Get(srv.url + "/healthz"); err == nil {
+	old := ts.Client().Transport.(*http.Transport).Clone()
+	// A client offers TLS 1.1 only if told: Go's own floor is 1.2.
+	old.TLSClientConfig.MinVersion, old.TLSClientConfig.MaxVersion = tls.VersionTLS10, tls.VersionTLS11
+	if resp, err := (&http.Client{Transport: old}).Get(srv.url + "/healthz"); err == nil {
 		resp.Body.Close()
 		t.Error("a TLS 1.1 client was served")
 	}
 }
 
+// /healthz answers 200, and 503 with a Retry-After once the database does not answer.
 func TestHealthz(t *testing.T) {
 	e := newTestServer(t)
+	e.do("GET", "/healthz", "", "").want(t, 200, "")
+	e.store.health.Close() // its connections closed: the database no longer answers
 	r := e.do("GET", "/healthz", "", "")
-	r.want(t, 200, "")
-	// A database that no longer answers: its connections are closed.
-	e.store.health.Close()
-	r = e.do("GET", "/healthz", "", "")
-	r.want(t, 503, "unavailable")
-	if r.header.Get("Retry-After") == "" || r.env.Message != "the database does not answer" {
-		t.Errorf("got Retry-After %q and message %q, want a Retry-After and the database does not answer", r.header.Get("Retry-After"), r.env.Message)
+	wantUnavailable(t, r)
+	if r.env.Message != "the database does not answer" {
+		t.Errorf("got message %q, want the database does not answer", r.env.Message)
 	}
 }
 
+// Info lines wait in the log buffer; a warning writes them out at once.
 func TestLogWriterHoldsInfoLinesAndFlushesWarnings(t *testing.T) {
 	out := &syncBuffer{}
 	w := &logBuffer{out: bufio.NewWriter(out)}
@@ -216,9 +181,10 @@ func TestLogWriterHoldsInfoLinesAndFlushesWarnings(t *testing.T) {
 	}
 }
 
+// A handler's panic is a 500 with the generic envelope; the log has the cause and the stack.
 func TestPanicIsA500ThatLogsTheStack(t *testing.T) {
 	logs := &syncBuffer{}
-	s := &server{log: slog.New(slog.NewTextHandler(logs, nil))}
+	s := &server{log: slog.New(slog.NewTextHandler(logs, nil)), metrics: metrics{routes: map[string]*routeMetrics{}}}
 	h := s.withBasics(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("secret detail") }))
 	rec := httptest.NewRecorder()
 	req := httptest.NewRequest("GET", "/anything", nil)
@@ -237,6 +203,7 @@ func TestPanicIsA500ThatLogsTheStack(t *testing.T) {
 	}
 }
 
+// keys create prints only the key; list never shows a secret; revoke is repeatable, not for unknown ids.
 func TestKeysCommands(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "keys.db")
 	out, err := runCLI(t, nil, "keys", "create", "-account", "acme", "-db", db)
@@ -255,11 +222,8 @@ func TestKeysCommands(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(list), "\n")
 	fields := strings.Split(lines[0], "\t")
 	if len(lines) != 1 || !strings.HasPrefix(fields[0], "key_") || fields[1] != "acme" || fields[2] != "read-write" ||
-		!strings.Contains(lines[0], "revoked never") {
-		t.Fatalf("got keys list %q, want one line: id, acme, read-write, created, last used, revoked never", list)
-	}
-	if strings.Contains(list, key) || strings.Contains(list, key[4:]) {
-		t.Fatalf("keys list shows the secret: %q", list)
+		!strings.Contains(lines[0], "revoked never") || strings.Contains(list, key[4:]) {
+		t.Fatalf("got keys list %q, want one line: id, acme, read-write, created, last used, revoked never; no secret", list)
 	}
 
 	if _, err := runCLI(t, nil, "keys", "revoke", "-db", db, fields[0]); err != nil {
@@ -280,6 +244,7 @@ func TestKeysCommands(t *testing.T) {
 	}
 }
 
+// PAYBUTTONS_<FLAG> stands in for a flag the command line does not give.
 func TestEnvironmentFallbacks(t *testing.T) {
 	dir := t.TempDir()
 	fromEnv, fromFlag := filepath.Join(dir, "env.db"), filepath.Join(dir, "flag.db")
@@ -303,6 +268,7 @@ func TestEnvironmentFallbacks(t *testing.T) {
 	}
 }
 
+// Command-line mistakes are one-line errors: exit status 2 for usage, 1 for the rest.
 func TestCommandLineErrors(t *testing.T) {
 	dir := t.TempDir()
 	notADB := filepath.Join(dir, "garbage.db")
@@ -343,26 +309,6 @@ func TestCommandLineErrors(t *testing.T) {
 				t.Errorf("args %q: got a multi-line error %q, want one line", tt.args, err)
 			}
 		})
-	}
-}
-
-// A start that cannot listen mints no key: the next start still prints one.
-func TestFailedStartMintsNoKey(t *testing.T) {
-	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	db := filepath.Join(t.TempDir(), "first.db")
-	var stderr syncBuffer
-	err = run(context.Background(), []string{"paybuttons", "-db", db, "-addr", ln.Addr().String()}, func(string) string { return "" },
-		io.Discard, &stderr)
-	if err == nil || strings.Contains(stderr.String(), "pbk_") {
-		t.Errorf("a start on a busy port: got %v and %q, want an error and no key", err, stderr.String())
-	}
-	if srv := startRun(t, "-db", db); srv.mintedKey() == "" {
-		t.Errorf("the next start printed no key:\n%s", srv.stderr)
 	}
 }
 

@@ -35,68 +35,43 @@ func (e *testEnv) listPageOf(key, query string) (ids []string, hasMore bool, nex
 	return ids, page.HasMore, next
 }
 
-// listAll pages through everything query selects, limit at a time.
-func (e *testEnv) listAll(key, query string, limit int) []string {
-	e.t.Helper()
-	var all []string
-	after := ""
-	for {
-		q := fmt.Sprintf("%s&limit=%d", query, limit)
-		if after != "" {
-			q += "&after=" + after
-		}
-		ids, hasMore, next := e.listPageOf(key, q)
-		all = append(all, ids...)
-		if !hasMore {
-			if next != "" {
-				e.t.Fatalf("got next %q on the last page, want null", next)
-			}
-			return all
-		}
-		if next != ids[len(ids)-1] {
-			e.t.Fatalf("got next %q, want the page's last id %q", next, ids[len(ids)-1])
-		}
-		after = next
-	}
-}
-
+// Paging newest first lists each of the account's buttons once, while others are created.
 func TestListPagesSeeEachButtonOnceWhileOthersAreCreated(t *testing.T) {
 	e := newTestServer(t)
 	var existing []string
 	for i := range 45 {
 		existing = append(existing, e.create(e.key, createBody(m{"productName": fmt.Sprint("b", i)})))
 	}
-	e.create(e.keyB, createBody(nil)) // another account's: never listed
-
+	e.create(e.keyB, createBody(nil))
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { // creates racing the paging
-		defer wg.Done()
+	wg.Go(func() {
 		for range 20 {
 			e.create(e.key, createBody(nil))
 		}
-	}()
-	seen := e.listAll(e.key, "state=all", 7)
-	wg.Wait()
-
-	if !slices.IsSortedFunc(seen, func(a, b string) int { return strings.Compare(b, a) }) {
-		t.Errorf("got ids out of newest-first order: %v", seen)
-	}
-	count := map[string]int{}
-	for _, id := range seen {
-		count[id]++
-	}
-	for _, id := range existing {
-		if count[id] != 1 {
-			t.Errorf("button %s listed %d times, want once", id, count[id])
+	})
+	var seen []string
+	for query, hasMore := "state=all&limit=7", true; hasMore; {
+		var ids []string
+		var next string
+		ids, hasMore, next = e.listPageOf(e.key, query)
+		if hasMore != (next != "") || hasMore && next != ids[len(ids)-1] {
+			t.Fatalf("list?%s: got %v hasMore %v next %q, want next the last id, null on the last page",
+				query, ids, hasMore, next)
 		}
+		seen, query = append(seen, ids...), "state=all&limit=7&after="+next
 	}
-	for id, n := range count {
-		if n != 1 {
-			t.Errorf("button %s listed %d times", id, n)
+	wg.Wait()
+	for i, id := range seen {
+		if i > 0 && id >= seen[i-1] {
+			t.Errorf("got %s after %s, want each id once, newest first", id, seen[i-1])
 		}
 		if b, err := e.stored("acme", id); err != nil || b.Account != "acme" {
 			t.Errorf("listed %s, which is not acme's (%v)", id, err)
+		}
+	}
+	for _, id := range existing {
+		if !slices.Contains(seen, id) {
+			t.Errorf("button %s never listed", id)
 		}
 	}
 	if first, _, _ := e.listPageOf(e.key, "limit=1"); len(first) != 1 || first[0] <= existing[44] {
@@ -104,6 +79,7 @@ func TestListPagesSeeEachButtonOnceWhileOthersAreCreated(t *testing.T) {
 	}
 }
 
+// List filters by state, isLive and paymentMethod, goes on after an id, and names a refused parameter.
 func TestListQueries(t *testing.T) {
 	e := newTestServer(t)
 	live := e.create(e.key, createBody(m{"isLive": true}))
@@ -136,9 +112,7 @@ func TestListQueries(t *testing.T) {
 	}
 }
 
-// A filter no index serves examines at most maxScan rows a page, so that its
-// cost does not grow with the account: past them the page ends early, with
-// hasMore and a next that goes on from where it stopped.
+// An unindexed filter examines at most maxScan rows a page, so its cost does not grow with the account.
 func TestFilteredListExaminesAtMostMaxScanRows(t *testing.T) {
 	e := newTestServer(t)
 	match := e.create(e.key, createBody(m{"paymentMethod": "StripeConnect", "ApplicationFeePercentage": "1",
@@ -176,6 +150,7 @@ func TestFilteredListExaminesAtMostMaxScanRows(t *testing.T) {
 	}
 }
 
+// History holds an entry per change, with its key, request id and changed fields; none for a refusal.
 func TestHistoryRecordsEveryChange(t *testing.T) {
 	e := newTestServer(t)
 	r := e.do("POST", "/product-payment/create", e.key, createBody(m{"amount": "10.00"}), "X-Request-Id", "req-create")
@@ -187,24 +162,18 @@ func TestHistoryRecordsEveryChange(t *testing.T) {
 	e.do("DELETE", "/product-payment/delete/"+id, e.key, "").want(t, 200, "")
 	e.do("DELETE", "/product-payment/delete/"+id, e.key, "").want(t, 409, "wrong_state")
 	e.do("POST", "/product-payment/restore/"+id, e.key, "").want(t, 200, "")
-
 	h := e.do("GET", "/product-payment/history/"+id, e.key, "")
 	h.want(t, 200, "")
-	var data struct {
-		Items []struct {
-			Version                      int64
-			At, Action, KeyID, RequestID string
-			Changes                      map[string]struct{ From, To any }
-		}
-	}
+	var data page[historyItem, *int64]
 	if err := json.Unmarshal(h.env.Data, &data); err != nil {
 		t.Fatal(err)
 	}
 	var actions []string
 	for i, it := range data.Items {
 		actions = append(actions, it.Action)
-		if it.KeyID != e.keyID || it.At == "" || it.RequestID == "" || it.Version != int64(i+1) {
-			t.Errorf("%s entry: got keyId %q at %q requestId %q, want %q and both set", it.Action, it.KeyID, it.At, it.RequestID, e.keyID)
+		if it.KeyID != e.keyID || it.At.IsZero() || it.RequestID == "" || it.Version != int64(i+1) {
+			t.Errorf("%s entry: got keyId %q at %v requestId %q, want %q and both set",
+				it.Action, it.KeyID, it.At, it.RequestID, e.keyID)
 		}
 	}
 	if want := []string{"create", "update", "delete", "restore"}; !slices.Equal(actions, want) {
@@ -217,41 +186,35 @@ func TestHistoryRecordsEveryChange(t *testing.T) {
 	if _, ok := create.Changes["billingInterval"]; ok {
 		t.Error("create: got a change for billingInterval, which stayed null")
 	}
-	if len(update.Changes) != 2 || update.Changes["amount"].From != "10.00" || update.Changes["amount"].To != "12.00" ||
-		update.Changes["description"].From != "Monthly access" || update.Changes["description"].To != nil {
+	if len(update.Changes) != 2 || update.Changes["amount"] != (change{"10.00", "12.00"}) ||
+		update.Changes["description"] != (change{"Monthly access", nil}) {
 		t.Errorf("update: got changes %+v, want amount 10.00 -> 12.00 and description cleared only", update.Changes)
 	}
-	if c := del.Changes["state"]; len(del.Changes) != 1 || c.From != "active" || c.To != "deleted" {
+	if len(del.Changes) != 1 || del.Changes["state"] != (change{"active", "deleted"}) {
 		t.Errorf("delete: got changes %+v, want state active -> deleted only", del.Changes)
 	}
-	// Another account sees no history.
-	e.do("GET", "/product-payment/history/"+id, e.keyB, "").want(t, 404, "not_found")
 }
 
+// If-Match lets a change run only on the version it names, a strong ETag.
 func TestIfMatch(t *testing.T) {
 	e := newTestServer(t)
 	id := e.create(e.key, createBody(nil))
 	etag := e.do("GET", "/product-payment/get/"+id, e.key, "").header.Get("ETag")
-
 	e.do("POST", "/product-payment/update/"+id, e.key, `{"amount":"1.00"}`, "If-Match", etag).want(t, 200, "")
-	before, _ := e.stored("acme", id)
-	for _, op := range []struct{ method, path, body string }{
-		{"POST", "/product-payment/update/", `{"amount":"2.00"}`},
-		{"DELETE", "/product-payment/delete/", ""},
-	} {
-		e.do(op.method, op.path+id, e.key, op.body, "If-Match", etag).want(t, 412, "precondition_failed")
-	}
-	if after, _ := e.stored("acme", id); !reflect.DeepEqual(after, before) {
+	before := e.mustStored("acme", id)
+	e.do("POST", "/product-payment/update/"+id, e.key, `{"amount":"2.00"}`, "If-Match", etag).
+		want(t, 412, "precondition_failed")
+	e.do("DELETE", "/product-payment/delete/"+id, e.key, "", "If-Match", etag).want(t, 412, "precondition_failed")
+	if after := e.mustStored("acme", id); !reflect.DeepEqual(after, before) {
 		t.Errorf("a 412 changed the button: got %+v, want %+v", after, before)
 	}
-	r := e.do("DELETE", "/product-payment/delete/"+id, e.key, "", "If-Match", `"2"`)
-	r.want(t, 200, "")
+	e.do("DELETE", "/product-payment/delete/"+id, e.key, "", "If-Match", `"2"`).want(t, 200, "")
 	e.do("POST", "/product-payment/restore/"+id, e.key, "", "If-Match", `"2"`).want(t, 412, "precondition_failed")
 	e.do("POST", "/product-payment/restore/"+id, e.key, "", "If-Match", `"3"`).want(t, 200, "")
 	for _, bad := range []string{"3", `W/"3"`, `"3", "4"`} {
 		e.do("POST", "/product-payment/restore/"+id, e.key, "", "If-Match", bad).want(t, 400, "invalid_request")
 	}
-	if b, _ := e.stored("acme", id); b.Version != 4 || b.State != stateActive {
+	if b := e.mustStored("acme", id); b.Version != 4 || b.State != stateActive {
 		t.Errorf("got version %d state %s, want 4 active", b.Version, b.State)
 	}
 }
@@ -261,83 +224,74 @@ func (e *testEnv) storedAnswers(account string) int {
 	return e.count(`SELECT count(*) FROM idempotency_keys WHERE account = ?`, account)
 }
 
+// sendTwice sends a request twice with Idempotency-Key key and checks that the
+// second answer replays the first: the same status and bytes, marked replayed.
+func (e *testEnv) sendTwice(method, path, body, key string) response {
+	e.t.Helper()
+	first := e.do(method, path, e.key, body, "Idempotency-Key", key)
+	again := e.do(method, path, e.key, body, "Idempotency-Key", key)
+	if first.header.Get("Idempotent-Replayed") != "" || again.header.Get("Idempotent-Replayed") != "true" ||
+		again.status != first.status || !bytes.Equal(again.raw, first.raw) {
+		e.t.Errorf("%s sent twice: got %d %s, then %d %s (Idempotent-Replayed %q), want the first replayed",
+			first.request, first.status, first.raw, again.status, again.raw, again.header.Get("Idempotent-Replayed"))
+	}
+	return first
+}
+
+// A retry with the same Idempotency-Key replays the first answer; the key with another request is refused.
 func TestIdempotentReplay(t *testing.T) {
 	e := newTestServer(t)
 	body := createBody(nil)
-	first := e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", "order-1")
-	first.want(t, 200, "")
-	again := e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", "order-1")
-	again.want(t, 200, "")
-	if !bytes.Equal(again.raw, first.raw) || again.header.Get("Idempotent-Replayed") != "true" {
-		t.Errorf("got replay %s (Idempotent-Replayed %q), want %s byte for byte, replayed", again.raw, again.header.Get("Idempotent-Replayed"), first.raw)
-	}
-	if first.header.Get("Idempotent-Replayed") != "" {
-		t.Error("the first answer says it was replayed")
-	}
-	if n := e.countButtons(); n != 1 {
-		t.Errorf("got %d buttons, want 1", n)
-	}
-
-	other := e.do("POST", "/product-payment/create", e.key, createBody(m{"amount": "1.00"}), "Idempotency-Key", "order-1")
-	other.want(t, 422, "idempotency_mismatch")
-	otherPath := e.do("POST", "/product-payment/update/"+first.dataString(), e.key, body, "Idempotency-Key", "order-1")
-	otherPath.want(t, 422, "idempotency_mismatch")
-	// If-Match is part of the request: a retry with a corrected one needs a new key.
-	e.do("DELETE", "/product-payment/delete/"+first.dataString(), e.key, "", "If-Match", `"7"`, "Idempotency-Key", "del").
-		want(t, 412, "precondition_failed")
-	e.do("DELETE", "/product-payment/delete/"+first.dataString(), e.key, "", "If-Match", `"1"`, "Idempotency-Key", "del").
-		want(t, 422, "idempotency_mismatch")
-
-	// Keys are per account: the same key from another account is a new request.
-	e.do("POST", "/product-payment/create", e.keyB, body, "Idempotency-Key", "order-1").want(t, 200, "")
-	if n := e.countButtons(); n != 2 {
-		t.Errorf("got %d buttons, want 2", n)
-	}
-
-	// A refused request's answer is kept and replayed too.
-	bad := `{"productName":""}`
-	r1 := e.do("POST", "/product-payment/create", e.key, bad, "Idempotency-Key", "bad-1")
-	r1.want(t, 400, "invalid_request")
-	r2 := e.do("POST", "/product-payment/create", e.key, bad, "Idempotency-Key", "bad-1")
-	if !bytes.Equal(r2.raw, r1.raw) || r2.status != 400 || r2.header.Get("Idempotent-Replayed") != "true" {
-		t.Errorf("got %d %s, want the 400 replayed", r2.status, r2.raw)
-	}
-	// Answers given before the operation runs are not kept.
-	e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", "ct-1", "Content-Type", "text/plain").want(t, 415, "unsupported_media_type")
-	e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", "ct-1").want(t, 200, "")
-	if n := e.storedAnswers("acme"); n != 4 {
-		t.Errorf("got %d stored answers for acme, want 4 (order-1, del, bad-1, ct-1)", n)
-	}
-	e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", "").want(t, 400, "invalid_request")
-	e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", strings.Repeat("k", 256)).want(t, 400, "invalid_request")
-
-	// A retried delete replays its 200 instead of a 409; a 404, of a missing
-	// button or a malformed id, is replayed too.
-	id := e.create(e.key, createBody(nil))
-	for _, path := range []string{"delete/" + id, "delete/btn_01JD0000000000000000000000", "delete/not-an-id"} {
-		first := e.do("DELETE", "/product-payment/"+path, e.key, "", "Idempotency-Key", "k-"+path)
-		again := e.do("DELETE", "/product-payment/"+path, e.key, "", "Idempotency-Key", "k-"+path)
-		if again.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(again.raw, first.raw) || again.status != first.status {
-			t.Errorf("DELETE %s: got %d %s, want a replay of %d %s", path, again.status, again.raw, first.status, first.raw)
-		}
+	created := e.sendTwice("POST", "/product-payment/create", body, "order-1")
+	created.want(t, 200, "")
+	// A refusal is replayed too; a retried delete replays its 200, not a 409.
+	id := e.create(e.key, body)
+	for i, tt := range []struct {
+		method, path, body string
+		status             int
+		code               string
+	}{
+		{"POST", "create", `{"productName":""}`, 400, "invalid_request"},
+		{"DELETE", "delete/" + id, "", 200, ""},
+		{"DELETE", "delete/btn_01JD0000000000000000000000", "", 404, "not_found"},
+		{"DELETE", "delete/not-an-id", "", 404, "not_found"},
+	} {
+		e.sendTwice(tt.method, "/product-payment/"+tt.path, tt.body, fmt.Sprint("k", i)).want(t, tt.status, tt.code)
 	}
 	if b := e.mustStored("acme", id); b.Version != 2 || b.State != stateDeleted {
 		t.Errorf("got version %d state %s, want 2 deleted: the retry must not run again", b.Version, b.State)
 	}
 	e.do("DELETE", "/product-payment/delete/"+id, e.key, "").want(t, 409, "wrong_state") // without the key: a new request
+	cid := created.dataString()
+	for path, sent := range map[string]string{"create": createBody(m{"amount": "1.00"}), "update/" + cid: body} {
+		e.do("POST", "/product-payment/"+path, e.key, sent, "Idempotency-Key", "order-1").want(t, 422, "idempotency_mismatch")
+	}
+	// If-Match is part of the request: a retry with a corrected one needs a new key.
+	e.do("DELETE", "/product-payment/delete/"+cid, e.key, "", "If-Match", `"7"`, "Idempotency-Key", "del").
+		want(t, 412, "precondition_failed")
+	e.do("DELETE", "/product-payment/delete/"+cid, e.key, "", "If-Match", `"1"`, "Idempotency-Key", "del").
+		want(t, 422, "idempotency_mismatch")
+	// Keys are per account: the same key from another account is a new request.
+	e.do("POST", "/product-payment/create", e.keyB, body, "Idempotency-Key", "order-1").want(t, 200, "")
+	// Answers given before the operation runs are not kept.
+	e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", "ct-1", "Content-Type", "text/plain").
+		want(t, 415, "unsupported_media_type")
+	e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", "ct-1").want(t, 200, "")
+	if n, buttons := e.storedAnswers("acme"), e.countButtons(); n != 7 || buttons != 4 {
+		t.Errorf("got %d stored answers for acme and %d buttons, want 7 (order-1, k0..k3, del, ct-1) and 4", n, buttons)
+	}
+	e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", "").want(t, 400, "invalid_request")
+	e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", strings.Repeat("k", 256)).want(t, 400, "invalid_request")
 }
 
+// Concurrent requests with one Idempotency-Key make one button; the rest are told it is in flight.
 func TestConcurrentRequestsWithOneKeyMakeOneButton(t *testing.T) {
 	e := newTestServer(t)
 	body := createBody(nil)
 	results := make([]response, 20)
 	var wg sync.WaitGroup
 	for i := range results {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			results[i] = e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", "same")
-		}()
+		wg.Go(func() { results[i] = e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", "same") })
 	}
 	wg.Wait()
 	ids := map[string]bool{}
@@ -355,18 +309,17 @@ func TestConcurrentRequestsWithOneKeyMakeOneButton(t *testing.T) {
 	}
 }
 
-// Past 24 hours an Idempotency-Key is free again, and its answer is purged,
-// no more than the purge's limit at a time.
+// Past 24 hours an Idempotency-Key is free again, and its answer purged, a limited number at a time.
 func TestIdempotencyKeysExpire(t *testing.T) {
 	e := newTestServer(t)
-	e.do("POST", "/product-payment/create", e.key, createBody(nil), "Idempotency-Key", "old").want(t, 200, "")
-	age := func(key string) {
+	setCreated := func(at any, keys string) {
 		e.store.write(context.Background(), func(tx *writeTx) error {
-			_, err := tx.exec(`UPDATE idempotency_keys SET created_at = '2000-01-01T00:00:00.000Z' WHERE key LIKE ?`, key)
+			_, err := tx.exec(`UPDATE idempotency_keys SET created_at = ? WHERE key LIKE ?`, at, keys)
 			return err
 		})
 	}
-	age("old")
+	e.do("POST", "/product-payment/create", e.key, createBody(nil), "Idempotency-Key", "old").want(t, 200, "")
+	setCreated("2000-01-01T00:00:00.000Z", "old")
 	if r := e.do("POST", "/product-payment/create", e.key, createBody(m{"amount": "3.00"}), "Idempotency-Key", "old"); r.status != 200 ||
 		r.header.Get("Idempotent-Replayed") != "" {
 		t.Errorf("a key past its 24 hours: got %d %s, want a new request", r.status, r.raw)
@@ -374,13 +327,15 @@ func TestIdempotencyKeysExpire(t *testing.T) {
 	for i := range 34 {
 		e.do("DELETE", "/product-payment/delete/x", e.key, "", "Idempotency-Key", fmt.Sprint("k", i))
 	}
-	age("k%")
-	e.store.write(context.Background(), func(tx *writeTx) error {
-		_, err := tx.exec(`UPDATE idempotency_keys SET created_at = ? WHERE key IN ('k30', 'k31', 'k32', 'k33')`, now())
-		return err
-	})
+	setCreated("2000-01-01T00:00:00.000Z", "k%")
+	setCreated(now(), "k3_")                  // k30..k33
 	for _, want := range []int64{20, 10, 0} { // k0..k29
-		if n, err := purge(e.store, 20); n != want || err != nil {
+		var n int64
+		err := e.store.write(context.Background(), func(tx *writeTx) (err error) {
+			n, err = purgeExpired(tx, 20)
+			return err
+		})
+		if n != want || err != nil {
 			t.Errorf("purge: got %d, %v, want %d", n, err, want)
 		}
 	}
@@ -389,14 +344,13 @@ func TestIdempotencyKeysExpire(t *testing.T) {
 	}
 }
 
+// backup under writes makes a sound copy of one moment, that serves; it never overwrites a file.
 func TestBackupWhileWriting(t *testing.T) {
 	e := newTestServer(t)
 	before := e.create(e.key, createBody(nil))
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		for {
 			select {
 			case <-stop:
@@ -405,7 +359,7 @@ func TestBackupWhileWriting(t *testing.T) {
 				e.create(e.key, createBody(nil))
 			}
 		}
-	}()
+	})
 	dest := filepath.Join(t.TempDir(), "copy.db")
 	out, err := runCLI(t, nil, "backup", "-db", e.dbPath, dest)
 	close(stop)
@@ -416,7 +370,6 @@ func TestBackupWhileWriting(t *testing.T) {
 	if _, err := runCLI(t, nil, "backup", "-db", e.dbPath, dest); err == nil || !strings.Contains(err.Error(), "already exists") {
 		t.Errorf("second backup to the same file: got %v, want a refusal", err)
 	}
-
 	copied, err := openStore(dest)
 	if err != nil {
 		t.Fatalf("open the copy: %v", err)
@@ -444,13 +397,4 @@ func TestBackupWhileWriting(t *testing.T) {
 		t.Errorf("got %v from the restored server, want button %s", v["id"], before)
 	}
 	restored.create(e.key, createBody(nil))
-}
-
-// purge runs purgeExpired through the writer, as its ticker does.
-func purge(st *store, limit int) (n int64, err error) {
-	err = st.write(context.Background(), func(tx *writeTx) error {
-		n, err = purgeExpired(tx, limit)
-		return err
-	})
-	return n, err
 }

@@ -44,8 +44,7 @@ func holdWriter(st *store) (release func()) {
 	return func() { close(done) }
 }
 
-// A batch succeeds or fails as a unit: a fault in one write rolls back the
-// writes before it in the same transaction, and every caller gets the fault.
+// A fault in one write of a batch rolls back the writes before it, and every caller gets the fault.
 func TestBatchFailsAsAUnit(t *testing.T) {
 	st := openTestStore(t)
 	boom := errors.New("boom")
@@ -79,6 +78,7 @@ func TestBatchFailsAsAUnit(t *testing.T) {
 	}
 }
 
+// Button ids are well-formed and grow with time; validButtonID refuses any other shape.
 func TestButtonIDsAreValidAndIncreasing(t *testing.T) {
 	var g idGenerator
 	prev := ""
@@ -97,11 +97,9 @@ func TestButtonIDsAreValidAndIncreasing(t *testing.T) {
 	}
 }
 
-// Under steady writes with reads beside them the WAL must keep starting over,
-// not grow with every write (a checkpointer on another connection let it reach
-// 250 MB in 12 s).
+// Under steady writes with reads beside them the WAL keeps starting over, not growing with every write.
 func TestWALStaysSmallUnderReadsAndWrites(t *testing.T) {
-	longTests(t)
+	longTests(t) // a checkpointer on another connection once let it reach 250 MB in 12 s
 	st := openTestStore(t)
 	who := actor{Account: "acme", KeyID: "key_x", RequestID: "req_x"}
 	stop := make(chan struct{})
@@ -147,8 +145,7 @@ func TestWALStaysSmallUnderReadsAndWrites(t *testing.T) {
 	t.Logf("WAL after 20,000 creates: %.1f MB", float64(info.Size())/(1<<20))
 }
 
-// A key's last use is written in the background, at most once a minute, so
-// that reads do not each cost a write.
+// A key's last use is written in the background, at most once a minute, so that reads do not each cost a write.
 func TestLastUsedIsWrittenOnceAMinute(t *testing.T) {
 	t.Parallel()
 	st := openTestStore(t)
@@ -156,37 +153,34 @@ func TestLastUsedIsWrittenOnceAMinute(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lastUsed := func(changedFrom string) string {
+	// use authenticates with the key and returns last_used_at once it is no longer was, or after 300 ms.
+	use := func(was string) string {
+		if _, err := st.authenticate(context.Background(), secret); err != nil {
+			t.Fatal(err)
+		}
 		var v sql.NullString
-		for range 30 { // a background write: look for up to 300 ms
-			if st.reader.QueryRow(`SELECT last_used_at FROM api_keys WHERE id = ?`, id).Scan(&v); v.String != changedFrom {
+		for range 30 {
+			if st.reader.QueryRow(`SELECT last_used_at FROM api_keys WHERE id = ?`, id).Scan(&v); v.String != was {
 				break
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
 		return v.String
 	}
-	if _, err := st.authenticate(context.Background(), secret); err != nil {
-		t.Fatal(err)
-	}
-	first := lastUsed("")
+	first := use("")
 	if first == "" {
 		t.Fatal("got no last_used_at after a use, want one")
 	}
 	time.Sleep(5 * time.Millisecond)
-	if _, err := st.authenticate(context.Background(), secret); err != nil {
-		t.Fatal(err)
-	}
-	if again := lastUsed(first); again != first {
+	if again := use(first); again != first {
 		t.Errorf("a second use within the minute wrote last_used_at again: got %s, want %s", again, first)
 	}
 }
 
-// Closing a store closes every connection it opened, prepared statements'
-// included: SQLite removes the WAL when the last one closes. A connection
-// left open made a server started after a crash trust the dead server's WAL
-// index and lose its last committed transaction (the crash test found it).
+// Closing a store closes every connection it opened, prepared statements' too: SQLite then removes the WAL.
 func TestCloseLeavesNoConnectionOpen(t *testing.T) {
+	// One left open made a server started after a crash trust the dead one's WAL index and lose its last
+	// committed transaction (the crash test found it).
 	path := filepath.Join(t.TempDir(), "close.db")
 	st, err := openStore(path)
 	if err != nil {
