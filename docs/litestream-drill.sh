@@ -41,7 +41,7 @@ expect() { # expect WHAT GOT WANT
 count_in() { grep -cxFf "$1" "$2" || true; }
 
 find_binaries
-say "paybuttons $("$PB" version | cut -d' ' -f2-), litestream $("$LS" version), replica file://$TMP/replica; $(load)"
+say "paybuttons built with $(go version "$PB" | cut -d' ' -f2), litestream $("$LS" version), replica file://$TMP/replica; $(load)"
 
 say ""
 say "== 1. steady state on host A, then host A is lost (kill -9)"
