@@ -146,7 +146,7 @@ func FuzzDecimal(f *testing.F) {
 					"currency": c.currency, c.field: raw(form)})), "the service")
 				got, shown := b.AmountMinor, formatAmount(b.AmountMinor, c.currency)
 				if c.field == feeField {
-					got, shown = b.FeeBasisPoints, formatFee(b.FeeBasisPoints)
+					got, shown = b.FeeBasisPoints, formatScaled(b.FeeBasisPoints, 2)
 				}
 				if ok := fits && want >= 1; (err == nil) != ok || ok && (got != want || shown != decimalText(want, c.exp)) {
 					t.Errorf("%s %s in %s: got %d shown as %q, error %v; want accepted %v, %d shown as %q",

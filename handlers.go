@@ -28,10 +28,7 @@ import (
 	"unicode"
 )
 
-const (
-	maxBodyBytes = 64 << 10 // every request body's cap (64 KiB)
-	readShares   = 2        // of the 4 reader connections, those one account's lists, histories and feeds may hold
-)
+const maxBodyBytes = 64 << 10 // every request body's cap (64 KiB)
 
 var errNoPath = &apiError{code: "not_found", message: "no such path"}
 
@@ -74,7 +71,7 @@ type server struct {
 	keysLoaded   atomic.Int64 // when goodKeys was last loaded from the database, in Unix nanoseconds
 	inFlight     sync.Map     // account and Idempotency-Key of writes still running
 	metrics      metrics
-	shares       sync.Map // account -> its shares of the reader connections (readShares)
+	shares       sync.Map // account -> its shares of the reader connections (see share)
 	stopping     context.Context
 	stop         context.CancelFunc // answers every request waiting on the change feed at once
 }
@@ -567,7 +564,7 @@ func viewOf(b button) buttonView {
 	}
 	fee := ""
 	if b.FeeBasisPoints != 0 {
-		fee = formatFee(b.FeeBasisPoints)
+		fee = formatScaled(b.FeeBasisPoints, 2) // a percentage: 250 -> "2.50"
 	}
 	if b.Metadata == nil {
 		b.Metadata = metadata{} // shown as {}
@@ -596,9 +593,6 @@ func formatAmount(minor int64, currency string) string {
 	}
 	return formatScaled(minor, exp)
 }
-
-// formatFee writes basis points as a percentage with two decimals: 250 -> "2.50".
-func formatFee(basisPoints int64) string { return formatScaled(basisPoints, 2) }
 
 // formatScaled writes n / 10^exp with exp decimal places; n is never negative.
 func formatScaled(n int64, exp int) string {
@@ -753,10 +747,11 @@ func (s *server) admit(w http.ResponseWriter, r *http.Request, write bool,
 	return key, true
 }
 
-// share waits for one of the account's readShares, so that one account's reads queue behind each other and never
-// take every reader connection (and both cores) from the others. After 5 s it answers unavailable and returns false.
+// share waits for one of the account's 2 shares of the 4 reader connections, so that one account's reads queue
+// behind each other and never take every connection (and both cores) from the others. After 5 s it answers
+// unavailable and returns false.
 func (s *server) share(w http.ResponseWriter, r *http.Request, account string) (release func(), ok bool) {
-	v, _ := s.shares.LoadOrStore(account, make(chan struct{}, readShares))
+	v, _ := s.shares.LoadOrStore(account, make(chan struct{}, 2))
 	timer := time.NewTimer(5 * time.Second)
 	defer timer.Stop()
 	select {

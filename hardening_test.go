@@ -17,9 +17,8 @@ import (
 	"time"
 )
 
-// Removing the -wal file under a running server would lose every write
-// acknowledged after it: writes and /healthz answer 503 with an ERROR line
-// saying to stop with SIGTERM, whose checkpoint then saves what was written.
+// With its -wal file removed a server would lose every write acknowledged after: writes and /healthz
+// answer 503, an ERROR line says to stop with SIGTERM, whose checkpoint saves what was written.
 func TestRemovedWALRefusesWritesAndSIGTERMSavesThem(t *testing.T) {
 	t.Parallel()
 	dbPath := filepath.Join(t.TempDir(), "wal.db")
@@ -45,19 +44,14 @@ func TestRemovedWALRefusesWritesAndSIGTERMSavesThem(t *testing.T) {
 	if logs := child.log.String(); !strings.Contains(logs, "level=ERROR") || !strings.Contains(logs, "SIGTERM") {
 		t.Errorf("got logs without an ERROR line saying to stop with SIGTERM:\n%s", logs)
 	}
-	st, err := openStore(dbPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.close()
-	if _, err := scanButton(st.reader.QueryRow(`SELECT `+selectButton+` FROM buttons WHERE id = ?`, saved.dataString())); err != nil {
-		t.Errorf("the create acknowledged before the WAL was removed is gone after SIGTERM and a restart: %v", err)
+	get := startChild(t, dbPath).url + "/product-payment/get/" + saved.dataString()
+	if r, err := callAPI(client, "GET", get, key, ""); err != nil || r.status != 200 {
+		t.Errorf("the create answered before the WAL went, after SIGTERM and a restart: got %v (%v)", r.status, err)
 	}
 }
 
-// Failed authentication is limited per client address, without a database
-// query past the limit, while a valid key keeps working from that address;
-// connections past -max-conns are closed at once.
+// Failed authentication is limited per client address, without a database query past the limit,
+// while a valid key keeps working from it; connections past -max-conns are closed at once.
 func TestFailedAuthenticationAndConnectionsAreLimited(t *testing.T) {
 	e := newTestServer(t)
 	statuses := map[int]int{}
@@ -66,7 +60,7 @@ func TestFailedAuthenticationAndConnectionsAreLimited(t *testing.T) {
 	}
 	r := e.do("GET", "/product-payment/list", "", "")
 	if statuses[401] < 100 || statuses[429] < 20 || r.status != 429 || r.header.Get("Retry-After") == "" {
-		t.Errorf("150 unknown keys, then none: got %v and %d, want a burst of 401s, then 429 with Retry-After", statuses, r.status)
+		t.Errorf("150 unknown keys, then none: got %v, %d, want 401s, then 429s with Retry-After", statuses, r.status)
 	}
 	e.do("GET", "/product-payment/list", e.key, "").want(t, 200, "") // the same address, a valid key
 
@@ -92,32 +86,29 @@ func TestFailedAuthenticationAndConnectionsAreLimited(t *testing.T) {
 	}
 }
 
-// An update whose every value equals what is stored changes nothing: not the
-// version, not updatedAt, not changeSeq, no history.
+// An update whose every value equals what is stored changes nothing: version, updatedAt, changeSeq, history.
 func TestUnchangedUpdate(t *testing.T) {
 	e := newTestServer(t)
 	id := e.create(e.key, createBody(map[string]any{"description": nil, "metadata": map[string]any{"k": "v"}}))
 	before := e.mustStored("acme", id)
 	for _, body := range []string{`{"description":null}`, `{"productName":"Pro plan","amount":"19.9"}`,
 		`{"currency":"usd","metadata":{"k":"v","gone":null}}`} {
-		r := e.do("POST", "/product-payment/update/"+id, e.key, body, "If-Match", `"1"`, "Idempotency-Key", body)
-		r.want(t, 200, "")
-		if r.env.Message != "unchanged" {
-			t.Errorf("%s: got message %q, want unchanged", r.request, r.env.Message)
-		}
-		if again := e.do("POST", "/product-payment/update/"+id, e.key, body, "If-Match", `"1"`, "Idempotency-Key", body); again.env.Message != "unchanged" {
-			t.Errorf("%s replayed: got %s", r.request, again.raw)
+		for range 2 { // the second time is a replay
+			r := e.do("POST", "/product-payment/update/"+id, e.key, body, "If-Match", `"1"`, "Idempotency-Key", body)
+			r.want(t, 200, "")
+			if r.env.Message != "unchanged" {
+				t.Errorf("%s: got message %q, want unchanged", r.request, r.env.Message)
+			}
 		}
 	}
 	after := e.mustStored("acme", id)
 	if after.Version != 1 || after.UpdatedAt != before.UpdatedAt || after.ChangeSeq != before.ChangeSeq ||
 		e.count(`SELECT count(*) FROM button_history`) != 0 {
-		t.Errorf("got version %d updatedAt %v changeSeq %d, want all as before and no history", after.Version, after.UpdatedAt, after.ChangeSeq)
+		t.Errorf("got %+v, want version, updatedAt and changeSeq as before, and no history", after)
 	}
 }
 
-// A SQLite file that is not ours is refused, one with Litestream's tables or
-// an earlier paybuttons' is adopted; check says what integrity_check says.
+// A SQLite file not ours is refused, Litestream's or an earlier paybuttons' adopted; check tells integrity_check.
 func TestForeignAndDamagedFiles(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -131,19 +122,19 @@ func TestForeignAndDamagedFiles(t *testing.T) {
 		return path
 	}
 	foreign := file("foreign.db", `CREATE TABLE notes (body TEXT)`)
-	if _, err := runCLI(t, nil, "keys", "create", "-account", "a", "-db", foreign); err == nil || !strings.Contains(err.Error(), "not a paybuttons database") {
+	_, err := runCLI(t, nil, "keys", "create", "-account", "a", "-db", foreign)
+	if err == nil || !strings.Contains(err.Error(), "not a paybuttons database") {
 		t.Errorf("keys create on another program's file: got %v, want a refusal", err)
 	}
 	if out, err := runCLI(t, nil, "-db", foreign, "-addr", "127.0.0.1:0"); err == nil || exitStatus(err) != 1 {
 		t.Errorf("serve on another program's file: got %q %v, want exit status 1", out, err)
 	}
 	litestream := file("litestream.db", `CREATE TABLE _litestream_seq (id INTEGER PRIMARY KEY, seq INTEGER)`)
-	if _, err := runCLI(t, nil, "keys", "create", "-account", "a", "-db", litestream); err != nil {
-		t.Errorf("keys create on a file with Litestream's table only: %v", err)
-	}
 	earlier := file("earlier.db", migrations[0]+";"+migrations[1]+"; PRAGMA user_version = 2")
-	if _, err := runCLI(t, nil, "keys", "create", "-account", "a", "-db", earlier); err != nil {
-		t.Errorf("keys create on an earlier paybuttons' file: %v", err)
+	for _, adopted := range []string{litestream, earlier} {
+		if _, err := runCLI(t, nil, "keys", "create", "-account", "a", "-db", adopted); err != nil {
+			t.Errorf("keys create on %s, which has Litestream's table only or an earlier schema: %v", adopted, err)
+		}
 	}
 	var owner int
 	db, _ := sql.Open("sqlite", earlier)
@@ -184,22 +175,21 @@ func TestHealthzReadsEveryTable(t *testing.T) {
 func TestKilledBackupLeavesNoHalfFile(t *testing.T) {
 	t.Parallel()
 	e := newTestServer(t)
-	e.store.write(context.Background(), func(tx *writeTx) error {
-		for i := range 20000 {
-			if _, err := tx.exec(`INSERT INTO idempotency_keys VALUES ('acme', ?, x'00', 200, randomblob(1000), '2099')`,
-				fmt.Sprint(i)); err != nil {
-				return err
-			}
-		}
-		return nil
+	err := e.store.write(context.Background(), func(tx *writeTx) error { // 20 MB to copy
+		_, err := tx.exec(`WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 19999)
+			INSERT INTO idempotency_keys SELECT 'acme', i, x'00', 200, randomblob(1000), '2099' FROM n`)
+		return err
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	dest := filepath.Join(t.TempDir(), "copy.db")
 	cmd := childCommand("backup", "-db", e.dbPath, dest)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	for _, err := os.Stat(dest + ".partial"); err != nil; _, err = os.Stat(dest + ".partial") {
-		time.Sleep(time.Millisecond) // until the copy is under way
+	for found, _ := filepath.Glob(dest + "*"); len(found) == 0; found, _ = filepath.Glob(dest + "*") {
+		time.Sleep(time.Millisecond) // until the copy is under way, to dest or beside it
 	}
 	cmd.Process.Kill()
 	cmd.Wait()
@@ -208,23 +198,5 @@ func TestKilledBackupLeavesNoHalfFile(t *testing.T) {
 	}
 	if _, err := runCLI(t, nil, "backup", "-db", e.dbPath, dest); err != nil {
 		t.Errorf("the next backup: %v", err)
-	}
-}
-
-// A client that goes away is not an internal error: no ERROR line, status 499.
-func TestClientGoneIsNotAnError(t *testing.T) {
-	t.Parallel()
-	srv := startRun(t, "-db", filepath.Join(t.TempDir(), "gone.db"))
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", srv.url+"/product-payment/changes?since=9&wait=5", nil)
-	req.Header.Set("X-API-KEY", srv.mintedKey())
-	if _, err := http.DefaultClient.Do(req); err == nil {
-		t.Fatal("the request outlived its context")
-	}
-	time.Sleep(200 * time.Millisecond) // the server notices the closed connection
-	srv.stop()
-	if logs := srv.stderr.String(); strings.Contains(logs, "level=ERROR") || !strings.Contains(logs, "status=499") {
-		t.Errorf("got logs with an ERROR or without status=499:\n%s", logs)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"math/bits"
 	"os"
@@ -60,6 +61,11 @@ type apiError struct {
 
 func (e *apiError) Error() string { return e.message }
 func (e *apiError) Unwrap() error { return e.cause }
+
+// LogValue is what a log line says of e: its message and its cause, which the client never sees.
+func (e *apiError) LogValue() slog.Value {
+	return slog.StringValue(fmt.Sprintf("%s (cause: %v)", e.message, e.cause))
+}
 
 var (
 	errNotFound           = &apiError{code: "not_found", message: "no such button"}

@@ -292,8 +292,8 @@ func TestAmountsRoundTrip(t *testing.T) {
 			t.Errorf("currency %s: exponent %d, excluded %v", code, exp, excluded)
 		}
 	}
-	if formatFee(250) != "2.50" || formatFee(10000) != "100.00" {
-		t.Errorf("formatFee: got %q and %q, want 2.50 and 100.00", formatFee(250), formatFee(10000))
+	if formatScaled(250, 2) != "2.50" || formatScaled(10000, 2) != "100.00" {
+		t.Errorf("formatScaled(bp, 2): got %q and %q, want 2.50 and 100.00", formatScaled(250, 2), formatScaled(10000, 2))
 	}
 }
 
