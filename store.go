@@ -649,7 +649,7 @@ func claimServer(path string) (release func() error, err error) {
 	if err := checkDir(path); err != nil {
 		return nil, err
 	}
-	db, _ := sql.Open("sqlite", path+"-lock?_pragma=busy_timeout(0)")
+	db, _ := sql.Open("sqlite", path+"-lock?_pragma=busy_timeout(0)&_pragma=journal_mode(OFF)")
 	conn, err := db.Conn(context.Background())
 	if err == nil {
 		_, err = conn.ExecContext(context.Background(), "BEGIN EXCLUSIVE")
