@@ -143,11 +143,11 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		return &usageError{"-log-format must be text or json"}
 	}
 
-	// A service's heap is small and mostly garbage per request: collect a quarter as often, but keep Go's memory
-	// under 24 MiB (SQLite's page caches come on top). An operator's GOGC or GOMEMLIMIT wins.
+	// The heap is small and mostly garbage per request: collect a quarter as often, but cap Go's memory at 24 MiB and
+	// 32 KiB a connection it may hold (else held connections make the GC run back to back). GOGC or GOMEMLIMIT wins.
 	if getenv("GOGC") == "" && getenv("GOMEMLIMIT") == "" {
 		debug.SetGCPercent(400)
-		debug.SetMemoryLimit(24 << 20)
+		debug.SetMemoryLimit(24<<20 + int64(*maxConns)<<15)
 	}
 	logOut := &logBuffer{out: bufio.NewWriterSize(stderr, 64<<10)}
 	defer logOut.Flush()
