@@ -9,8 +9,7 @@ import (
 	"testing"
 )
 
-// benchClient sends requests with keep-alive connections enough for b.RunParallel.
-var benchClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+var benchClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}} // enough for b.RunParallel
 
 // benchRequest sends one request and fails b unless it is answered 200.
 func benchRequest(b *testing.B, method, url, key, body string) {
