@@ -826,7 +826,7 @@ func (s *server) withBasics(next http.Handler) http.Handler {
 				slog.Int("bytes", rec.bytes), slog.String("requestId", info.id), slog.String("keyId", info.keyID))
 			s.metrics.observe(r.Pattern, rec.status, time.Since(start))
 		}()
-		if path.Clean("/"+r.URL.Path) != r.URL.Path { // the mux would redirect it ("..", "//", "/x/") or not route it ("*")
+		if !strings.HasPrefix(r.URL.Path, "/") || path.Clean(r.URL.Path) != r.URL.Path { // "*", "..", "//", "/x/"
 			s.writeError(rec, r, errNoPath)
 		} else {
 			next.ServeHTTP(rec, r)
