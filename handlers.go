@@ -232,19 +232,19 @@ func (s *server) handleHistory(w http.ResponseWriter, r *http.Request, who actor
 	}
 	data := page[historyItem, *int64]{Items: make([]historyItem, len(entries))}
 	for i, e := range entries {
-		before, after := map[string]any{}, auditedFields(e.After)
+		was, is := map[string]any{}, auditedFields(e.After)
 		if e.Action != "create" {
-			before = auditedFields(e.Before)
+			was = auditedFields(e.Before)
 		}
 		data.Items[i] = historyItem{Version: e.Version, At: e.At, Action: e.Action, KeyID: e.KeyID,
 			RequestID: e.RequestID, Changes: map[string]change{}}
-		for name, to := range after {
-			if from := before[name]; from != to {
+		for name, to := range is {
+			if from := was[name]; from != to {
 				data.Items[i].Changes[name] = change{from, to}
 			}
 		}
-		for name, from := range before { // metadata keys the change removed
-			if _, kept := after[name]; !kept {
+		for name, from := range was { // metadata keys the change removed
+			if _, kept := is[name]; !kept {
 				data.Items[i].Changes[name] = change{from, nil}
 			}
 		}
@@ -509,7 +509,7 @@ func decodeListQuery(rawQuery, providerName string) (listFilter, error) {
 			case q.text(name, v, maxMetadataRunes, unicode.IsControl, "control characters") && v != "":
 				f.Metadata[key] = v
 			default:
-				q.fail(name, "must be a value of 1 to 500 characters")
+				q.fail(name, fmt.Sprintf("must be a value of 1 to %d characters", maxMetadataRunes))
 			}
 		}
 	}
@@ -712,8 +712,7 @@ func (s *server) admit(w http.ResponseWriter, r *http.Request, write bool,
 	_, known := s.goodKeys.Load(hash)
 	if host, _, _ := net.SplitHostPort(r.RemoteAddr); !known {
 		if ok, wait := s.failures.allow(host, time.Now()); !ok && !s.isLiveKey(r.Context(), hash) {
-			// Held for its Retry-After first: a flood that waits for its answers then costs a request per
-			// connection a second, not two busy cores.
+			// Held for its Retry-After: a flood that waits for answers costs a request a connection a second.
 			select {
 			case <-time.After(time.Duration(math.Ceil(wait.Seconds())) * time.Second):
 			case <-r.Context().Done():
@@ -820,11 +819,14 @@ func (s *server) withBasics(next http.Handler) http.Handler {
 				rec.WriteHeader(http.StatusInternalServerError)
 				rec.Write(internalError)
 			}
-			// r.Pattern is the route the mux matched, "" for none.
+			route := r.Pattern // the route the mux matched; its own 404 ("/") and 405s (a bare path) are none
+			if !strings.Contains(route, " ") {
+				route = ""
+			}
 			s.log.LogAttrs(r.Context(), slog.LevelInfo, "request", slog.String("method", r.Method),
-				slog.String("route", r.Pattern), slog.Int("status", rec.status), slog.Duration("duration", time.Since(start)),
+				slog.String("route", route), slog.Int("status", rec.status), slog.Duration("duration", time.Since(start)),
 				slog.Int("bytes", rec.bytes), slog.String("requestId", info.id), slog.String("keyId", info.keyID))
-			s.metrics.observe(r.Pattern, rec.status, time.Since(start))
+			s.metrics.observe(route, rec.status, time.Since(start))
 		}()
 		if !strings.HasPrefix(r.URL.Path, "/") || path.Clean(r.URL.Path) != r.URL.Path { // "*", "..", "//", "/x/"
 			s.writeError(rec, r, errNoPath)

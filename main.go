@@ -431,9 +431,7 @@ type routeMetrics struct {
 var durationBounds = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10}
 
 func (m *metrics) observe(route string, status int, d time.Duration) {
-	if !strings.Contains(route, " /") { // no route: the mux's 404 ("/") and 405s (a bare path)
-		route = "unmatched"
-	}
+	route = cmp.Or(route, "unmatched")
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.routes[route] == nil {
