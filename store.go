@@ -5,18 +5,11 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"database/sql"
-	"database/sql/driver"
 	"encoding/base64"
-	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
-	"maps"
 	"math/bits"
 	"os"
-	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,25 +40,7 @@ type storage interface {
 	stats() (commits, ops int64, batches []int64, size int64) // for /metrics
 }
 
-// The commands use openStore, close, createKey, listKeys, revokeKey, claimServer, backup and integrityCheck.
-
-// apiError is every failure a client is told about: code is stable and machine-readable (handlers.go maps it to a
-// status), message is for people, fields holds every failing field for invalid_request. cause is logged, never
-// sent.
-type apiError struct {
-	code    string
-	message string
-	fields  map[string]string
-	cause   error
-}
-
-func (e *apiError) Error() string { return e.message }
-func (e *apiError) Unwrap() error { return e.cause }
-
-// LogValue is what a log line says of e: its message and its cause, which the client never sees.
-func (e *apiError) LogValue() slog.Value {
-	return slog.StringValue(fmt.Sprintf("%s (cause: %v)", e.message, e.cause))
-}
+// The commands use openStore, close, createKey, listKeys and revokeKey; backup and check (main.go) use ownVersion.
 
 var (
 	errNotFound           = &apiError{code: "not_found", message: "no such button"}
@@ -76,97 +51,11 @@ var (
 )
 
 const (
-	stateActive  = "active"
-	stateDeleted = "deleted"
-
 	maxBatch       = 256            // writes that share one transaction and one fsync
 	maxScan        = 1000           // rows a filtered list page examines, however large the account
 	idempotencyTTL = 24 * time.Hour // how long an answer stays replayable
 	applicationID  = 0x70627574     // "pbut" in the header of every paybuttons database
 )
-
-// button is one stored payment button; an absent optional value is its zero value.
-type button struct {
-	ID, Account     string
-	ProductName     string
-	Description     string
-	AmountMinor     int64 // in the currency's minor unit (cents for USD, yen for JPY)
-	Currency        string
-	BillingInterval string // "day", "week", "month", "year" or ""
-	PaymentMethod   string
-	PaymentType     string // "one_time" or "subscription"
-	IsLive          bool
-	FeeBasisPoints  int64 // ApplicationFeePercentage in hundredths of a percent: 2.50% = 250
-	Metadata        metadata
-	State           string
-	Version         int64
-	ChangeSeq       int64 // its place in the database's one sequence of changes
-	CreatedAt       timestamp
-	UpdatedAt       timestamp
-	DeletedAt       timestamp // zero while active
-}
-
-// sameAs reports whether b holds every value that a change could make differ from o's.
-func (b button) sameAs(o button) bool {
-	return b.ProductName == o.ProductName && b.Description == o.Description && b.AmountMinor == o.AmountMinor &&
-		b.Currency == o.Currency && b.FeeBasisPoints == o.FeeBasisPoints && b.State == o.State &&
-		maps.Equal(b.Metadata, o.Metadata)
-}
-
-// apiKey is a key's public record; only the secret's SHA-256 is stored.
-type apiKey struct {
-	ID, Account string
-	ReadOnly    bool // may read buttons, never change them
-	CreatedAt   timestamp
-	LastUsedAt  timestamp // zero if never used
-	RevokedAt   timestamp // zero while valid
-}
-
-// actor is who asks for a change: the account scopes every query; the ids go into the history.
-type actor struct {
-	Account, KeyID, RequestID string
-	Idempotency               *idempotencyKey // keeps the answer with the change, when set
-}
-
-// idempotencyKey is a client's Idempotency-Key on a write. The writer calls Render once, inside the write's
-// transaction, and stores its bytes with the change; Answer then holds them, for the handler to send as they are.
-type idempotencyKey struct {
-	Key         string
-	Fingerprint []byte // identifies the request the key was first used with
-	Render      func(outcome, error) storedResponse
-	Answer      storedResponse
-}
-
-// outcome is what a write did to a button.
-type outcome struct {
-	ID      string
-	Changed bool // false for an update that gave every field the value it had
-}
-
-// storedResponse is an answer kept for an Idempotency-Key.
-type storedResponse struct {
-	Fingerprint []byte
-	Status      int
-	Body        []byte
-}
-
-// historyEntry is one change to a button, with the button before (zero for the create) and after it.
-type historyEntry struct {
-	Version                  int64 // the version the change made
-	Action, KeyID, RequestID string
-	At                       timestamp
-	Before, After            button
-}
-
-// listFilter selects a page of an account's buttons, newest first.
-type listFilter struct {
-	Limit         int
-	After         string // the last id of the previous page, or ""
-	State         string // stateActive, stateDeleted or "" for both
-	IsLive        *bool
-	PaymentMethod string            // "" for any
-	Metadata      map[string]string // every key must hold its value
-}
 
 // store owns the SQLite file: one writer connection fed by a single goroutine that commits waiting writes together
 // (group commit), and read-only connections that never wait behind it (WAL).
@@ -306,14 +195,6 @@ func openStore(path string) (*store, error) {
 	s.health.SetMaxOpenConns(1)
 	go s.runWriter()
 	return s, nil
-}
-
-// checkDir fails unless the directory the database file is in exists.
-func checkDir(path string) error {
-	if info, err := os.Stat(filepath.Dir(path)); err != nil || !info.IsDir() {
-		return fmt.Errorf("database directory %q does not exist", filepath.Dir(path))
-	}
-	return nil
 }
 
 // close stops the writer, checkpoints the WAL into the main file and closes every connection. A checkpoint another
@@ -640,85 +521,6 @@ func (s *store) stats() (commits, ops int64, batches []int64, size int64) {
 		size = info.Size()
 	}
 	return commits, s.ops.Load(), batches, size
-}
-
-// claimServer makes this process the one server of the database at path until release; another claim fails at once.
-// It holds an exclusive SQLite lock on path+"-lock", which the system drops when the process ends however it ends.
-// keys, backup and check never claim: they work beside a server.
-func claimServer(path string) (release func() error, err error) {
-	if err := checkDir(path); err != nil {
-		return nil, err
-	}
-	db, _ := sql.Open("sqlite", path+"-lock?_pragma=busy_timeout(0)&_pragma=journal_mode(OFF)")
-	conn, err := db.Conn(context.Background())
-	if err == nil {
-		_, err = conn.ExecContext(context.Background(), "BEGIN EXCLUSIVE")
-	}
-	switch {
-	case sqliteCode(err) == sqlite3.SQLITE_BUSY:
-		err = fmt.Errorf("database %q is in use by another server", path)
-	case err != nil:
-		err = fmt.Errorf("database %q: lock file: %w", path, describeOpenError(err))
-	default:
-		return func() error { return errors.Join(conn.Close(), db.Close()) }, nil
-	}
-	db.Close()
-	return nil, err
-}
-
-// --- values as stored ---
-
-const timeLayout = "2006-01-02T15:04:05.000Z07:00" // RFC 3339, UTC, milliseconds
-
-// timestamp is a time as stored and shown: text in timeLayout, NULL and null for the zero time.
-type timestamp struct{ time.Time }
-
-// now is the one clock every stored time comes from.
-func now() timestamp { return timestamp{time.Now().UTC().Truncate(time.Millisecond)} }
-
-func (t timestamp) String() string { return t.UTC().Format(timeLayout) }
-
-func (t *timestamp) Scan(v any) (err error) {
-	t.Time = time.Time{}
-	if text, ok := v.(string); ok {
-		t.Time, err = time.Parse(timeLayout, text)
-	} else if v != nil {
-		err = fmt.Errorf("timestamp: cannot read %T", v)
-	}
-	return err
-}
-
-func (t timestamp) Value() (driver.Value, error) {
-	if t.IsZero() {
-		return nil, nil
-	}
-	return t.String(), nil
-}
-
-func (t timestamp) MarshalJSON() ([]byte, error) {
-	if t.IsZero() {
-		return []byte("null"), nil
-	}
-	return []byte(`"` + t.String() + `"`), nil
-}
-
-// metadata is a button's own keys and values, stored as a JSON object, NULL when empty.
-type metadata map[string]string
-
-func (m *metadata) Scan(v any) error {
-	*m = nil
-	if text, ok := v.(string); ok {
-		return json.Unmarshal([]byte(text), m)
-	}
-	return nil
-}
-
-func (m metadata) Value() (driver.Value, error) {
-	if len(m) == 0 {
-		return nil, nil
-	}
-	text, err := json.Marshal(m)
-	return string(text), err
 }
 
 // --- keys ---
@@ -1094,93 +896,4 @@ func purgeExpired(tx *writeTx, limit int) (int64, error) {
 		return 0, err
 	}
 	return res.RowsAffected()
-}
-
-// --- backup and check, beside a running server ---
-
-// openOwn opens the paybuttons database at path without migrating it.
-func openOwn(ctx context.Context, path string) (*sql.DB, error) {
-	if _, err := os.Stat(path); err != nil {
-		return nil, fmt.Errorf("no database at %q", path)
-	}
-	db, _ := sql.Open("sqlite", path+"?_pragma=busy_timeout(5000)")
-	version, err := ownVersion(ctx, db)
-	if err == nil && version == 0 {
-		err = errors.New("is not a paybuttons database")
-	}
-	if err != nil {
-		db.Close()
-		return nil, fmt.Errorf("database %q: %w", path, describeOpenError(err))
-	}
-	return db, nil
-}
-
-// backup writes a consistent copy of the database at src to dest while servers write to it. It refuses to overwrite
-// dest, and copies to a temporary name first: a backup killed halfway leaves nothing at dest.
-func backup(ctx context.Context, src, dest string) error {
-	if _, err := os.Lstat(dest); err == nil {
-		return fmt.Errorf("%q already exists; not overwriting it", dest)
-	}
-	db, err := openOwn(ctx, src)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	partial := dest + ".partial"
-	os.Remove(partial) // what a killed backup left
-	os.Remove(partial + "-journal")
-	if _, err := db.ExecContext(ctx, "VACUUM INTO ?", partial); err != nil {
-		return fmt.Errorf("backup to %q: %w", dest, err)
-	}
-	return os.Rename(partial, dest)
-}
-
-// integrityCheck returns what PRAGMA integrity_check says of the database at path: "ok", or a line for each problem
-// found.
-func integrityCheck(ctx context.Context, path string) (string, error) {
-	db, err := openOwn(ctx, path)
-	if err != nil {
-		return "", err
-	}
-	defer db.Close()
-	var report string
-	err = db.QueryRowContext(ctx, `SELECT group_concat(integrity_check, char(10))
-		FROM pragma_integrity_check`).Scan(&report)
-	return report, describeOpenError(err)
-}
-
-// --- button ids ---
-
-const crockford = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-
-// idGenerator makes button ids: "btn_" and 26 Crockford base32 characters of 48 bits of Unix milliseconds then 80
-// random bits (a ULID). Within a millisecond the random part counts up: the ids one process makes strictly
-// increase, and a list cursor never misses a button made after it.
-type idGenerator struct {
-	mu     sync.Mutex
-	hi, lo uint64 // the last id: the milliseconds and 16 random bits, then 64 more
-}
-
-func (g *idGenerator) next() string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if ms := uint64(time.Now().UnixMilli()); ms > g.hi>>16 {
-		var r [10]byte
-		rand.Read(r[:])
-		g.hi, g.lo = ms<<16|uint64(binary.BigEndian.Uint16(r[:])), binary.BigEndian.Uint64(r[2:])
-	} else if g.lo++; g.lo == 0 { // same millisecond, or the clock stepped back: count up
-		g.hi++
-	}
-	var out [26]byte
-	for i, hi, lo := 25, g.hi, g.lo; i >= 0; i-- {
-		out[i] = crockford[lo&31]
-		lo, hi = lo>>5|hi<<59, hi>>5
-	}
-	return "btn_" + string(out[:])
-}
-
-// validButtonID reports whether id has the form next makes: anything else is not found, without a query.
-func validButtonID(id string) bool {
-	rest, ok := strings.CutPrefix(id, "btn_")
-	return ok && rest != "" && rest[0] <= '7' && asciiIn(rest, 26, 26, crockford)
 }
