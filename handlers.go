@@ -279,10 +279,8 @@ func (s *server) handleChanges(w http.ResponseWriter, r *http.Request, who actor
 		s.writeError(w, r, err)
 		return
 	}
-	deadline := time.Now().Add(wait)
-	if wait > 0 { // the server's write timeout counts from the request, not from the end of the wait
-		http.NewResponseController(w).SetWriteDeadline(deadline.Add(15 * time.Second))
-	}
+	deadline := time.Now().Add(wait) // the server's write timeout counts from there, not from the request
+	http.NewResponseController(w).SetWriteDeadline(deadline.Add(15 * time.Second))
 	var buttons []button
 	for {
 		changed := s.store.watch(who.Account) // watched before the read: no commit falls between
@@ -299,15 +297,13 @@ func (s *server) handleChanges(w http.ResponseWriter, r *http.Request, who actor
 		if len(buttons) > 0 || !time.Now().Before(deadline) {
 			break
 		}
-		timer := time.NewTimer(time.Until(deadline))
 		select {
 		case <-changed:
-		case <-timer.C:
+		case <-time.After(time.Until(deadline)):
 		case <-r.Context().Done():
 		case <-s.stopping.Done():
 			deadline = time.Now()
 		}
-		timer.Stop()
 	}
 	data := page[buttonView, int64]{HasMore: len(buttons) > int(limit), Next: since}
 	buttons = buttons[:min(len(buttons), int(limit))]
@@ -751,12 +747,10 @@ func (s *server) admit(w http.ResponseWriter, r *http.Request, write bool,
 // unavailable and returns false.
 func (s *server) share(w http.ResponseWriter, r *http.Request, account string) (release func(), ok bool) {
 	v, _ := s.shares.LoadOrStore(account, make(chan struct{}, 2))
-	timer := time.NewTimer(5 * time.Second)
-	defer timer.Stop()
 	select {
 	case v.(chan struct{}) <- struct{}{}:
 		return func() { <-v.(chan struct{}) }, true
-	case <-timer.C:
+	case <-time.After(5 * time.Second):
 		s.writeError(w, r, &apiError{code: "unavailable", message: "this account's reads are queued too deep; retry shortly"})
 	case <-r.Context().Done():
 		s.writeError(w, r, classify(r.Context().Err()))
