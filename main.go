@@ -598,10 +598,7 @@ func (m *metrics) write(w io.Writer, st storage) {
 
 // --- the model: the types and values every file shares ---
 
-const (
-	stateActive  = "active"
-	stateDeleted = "deleted"
-)
+const stateActive, stateDeleted = "active", "deleted" // a button's two states
 
 // apiError is every failure a client is told about: code is stable and machine-readable (handlers.go maps it to a
 // status), message is for people, fields holds every failing field for invalid_request. cause is logged, never
