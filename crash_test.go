@@ -1,8 +1,7 @@
 package main
 
-// Durability tests that need a real server process: kill -9 at random moments
-// and SIGTERM under load. The server runs as a child process: this test binary
-// started again with TestHelperServerProcess, which calls run.
+// Durability tests that need a real server process: kill -9 at random moments and SIGTERM under load. The server runs
+// as a child process: this test binary started again with TestHelperServerProcess, which calls run.
 
 import (
 	"bufio"
@@ -34,9 +33,8 @@ import (
 // childEnv marks a test binary that startChild started to be the server.
 const childEnv = "PAYBUTTONS_TEST_CHILD"
 
-// TestHelperServerProcess is not a test: it is the server process that the
-// crash and shutdown tests start, kill and restart. The arguments after "--"
-// are the program's.
+// TestHelperServerProcess is not a test: it is the server process that the crash and shutdown tests start, kill and
+// restart. The arguments after "--" are the program's.
 func TestHelperServerProcess(t *testing.T) {
 	if os.Getenv(childEnv) != "1" {
 		t.Skip("runs only as the child process of the crash and shutdown tests")
@@ -58,9 +56,8 @@ type childServer struct {
 	done chan struct{} // closed when the process has exited, and cmd.ProcessState is set
 }
 
-// startChild starts `paybuttons serve` on dbPath in a child process and returns
-// once it listens; it fails the test if the child exits or is not listening
-// within 30 s. The child is killed at the end of the test if still running.
+// startChild starts `paybuttons serve` on dbPath in a child process and returns once it listens; it fails the test if
+// the child exits or is not listening within 30 s. The child is killed at the end of the test if still running.
 func startChild(t *testing.T, dbPath string, args ...string) *childServer {
 	t.Helper()
 	c := &childServer{log: &syncBuffer{}, done: make(chan struct{}),
@@ -87,9 +84,8 @@ func startChild(t *testing.T, dbPath string, args ...string) *childServer {
 	return c
 }
 
-// childCommand runs the program with args as a child process: this test
-// binary again, as TestHelperServerProcess. The caller's PAYBUTTONS_
-// variables (a TLS certificate, say) do not reach it.
+// childCommand runs the program with args as a child process: this test binary again, as TestHelperServerProcess. The
+// caller's PAYBUTTONS_ variables (a TLS certificate, say) do not reach it.
 func childCommand(args ...string) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], append([]string{"-test.run=^TestHelperServerProcess$", "--"}, args...)...)
 	for _, kv := range os.Environ() {
@@ -101,8 +97,7 @@ func childCommand(args ...string) *exec.Cmd {
 	return cmd
 }
 
-// kill sends SIGKILL and waits for the process; it fails the test if the
-// process had already exited by itself.
+// kill sends SIGKILL and waits for the process; it fails the test if the process had already exited by itself.
 func (c *childServer) kill(t *testing.T) {
 	t.Helper()
 	select {
@@ -140,9 +135,8 @@ func wantIntegrity(t *testing.T, db *sql.DB, when string) {
 
 // --- kill -9 ---
 
-// crashButton is what the crash test knows of one button: its values after the
-// last acknowledged request and that request's Idempotency-Key (version 0 while
-// its create has no answer); and, as pending, the button as the request sent
+// crashButton is what the crash test knows of one button: its values after the last acknowledged request and that
+// request's Idempotency-Key (version 0 while its create has no answer); and, as pending, the button as the request sent
 // last, without an answer, would leave it: that may or may not be applied.
 type crashButton struct {
 	id, desc, idemKey, name, state string // desc: unique to its create, never changed: the model's key
@@ -150,8 +144,7 @@ type crashButton struct {
 	pending                        *crashButton
 }
 
-// createBody is the body of b's create: the same every time it is sent, so a
-// retry with its Idempotency-Key matches.
+// createBody is the body of b's create: the same every time it is sent, so a retry with its Idempotency-Key matches.
 func (b *crashButton) createBody() string {
 	return createBody(map[string]any{"productName": b.name, "description": b.desc, "amount": money(b.amount)})
 }
@@ -192,9 +185,8 @@ func crashDiff(want *crashButton, got button, stored bool) string {
 // byte for byte body if the write was answered; nothing if id is "" (not stored).
 type crashAnswer struct{ id, body string }
 
-// crashModel is every button the test sent a create for, by description; the
-// answers that must be kept, by Idempotency-Key; and the unanswered creates
-// with a key, to retry after the restart. Workers add to it under mu.
+// crashModel is every button the test sent a create for, by description; the answers that must be kept, by
+// Idempotency-Key; and the unanswered creates with a key, to retry after the restart. Workers add to it under mu.
 type crashModel struct {
 	mu      sync.Mutex
 	buttons map[string]*crashButton
@@ -203,10 +195,9 @@ type crashModel struct {
 	acked   int // writes answered 200 in this cycle
 }
 
-// crashWorker sends creates, updates, deletes and restores to the server one
-// at a time, until the first request without an answer (the kill). Only this
-// worker touches the buttons in mine during its cycle, so what it records of
-// them is exact.
+// crashWorker sends creates, updates, deletes and restores to the server one at a time, until the first request without
+// an answer (the kill). Only this worker touches the buttons in mine during its cycle, so what it records of them is
+// exact.
 type crashWorker struct {
 	t                *testing.T
 	client           *http.Client
@@ -269,10 +260,9 @@ func (w *crashWorker) run() {
 	}
 }
 
-// TestCrashKeepsAcknowledgedWrites kills the server with SIGKILL at random
-// moments under concurrent writes, restarts it on the same file each time, and
-// checks that every write answered 200 is stored with its exact values, that
-// nothing is half-applied, and that the file is intact.
+// TestCrashKeepsAcknowledgedWrites kills the server with SIGKILL at random moments under concurrent writes, restarts it
+// on the same file each time, and checks that every write answered 200 is stored with its exact values, that nothing is
+// half-applied, and that the file is intact.
 func TestCrashKeepsAcknowledgedWrites(t *testing.T) {
 	if testing.Short() || runtime.GOOS == "windows" {
 		t.Skip("kills and restarts a server process several times; needs SIGKILL semantics")
@@ -354,12 +344,10 @@ func copyDatabase(t *testing.T, from, to string) string {
 	return to
 }
 
-// checkCrashState compares the database with the model: the file passes
-// integrity_check; every button is stored with its last acknowledged values,
-// or with its one unanswered change (or create) applied whole, and no other
-// button is stored; history and kept answers agree. The model then takes the
-// stored state, so the next cycle knows every button exactly. It returns how
-// many unanswered writes were stored and how many not.
+// checkCrashState compares the database with the model: the file passes integrity_check; every button is stored with
+// its last acknowledged values, or with its one unanswered change (or create) applied whole, and no other button is
+// stored; history and kept answers agree. The model then takes the stored state, so the next cycle knows every button
+// exactly. It returns how many unanswered writes were stored and how many not.
 func checkCrashState(t *testing.T, db *sql.DB, m *crashModel, when string) (applied, dropped int) {
 	t.Helper()
 	wantIntegrity(t, db, when)
@@ -411,12 +399,10 @@ func checkCrashState(t *testing.T, db *sql.DB, m *crashModel, when string) (appl
 	return applied, dropped
 }
 
-// checkCrashHistory checks, for all buttons in one query, that a button at
-// version N has one history row per change, versions 2 to N, each holding the
-// button as it was one version before (that version; the values this test
-// never changes; updated_at the time of the change before, changed_at that of
-// the version after), with the action from its state to the next row's (or
-// the button's); and that no row is left of a button that is not there.
+// checkCrashHistory checks, for all buttons in one query, that a button at version N has one history row per change,
+// versions 2 to N, each holding the button as it was one version before (that version; the values this test never
+// changes; updated_at the time of the change before, changed_at that of the version after), with the action from its
+// state to the next row's (or the button's); and that no row is left of a button that is not there.
 func checkCrashHistory(t *testing.T, db *sql.DB, when string) {
 	t.Helper()
 	var problems sql.NullString
@@ -451,10 +437,9 @@ func checkCrashHistory(t *testing.T, db *sql.DB, when string) {
 	}
 }
 
-// checkCrashAnswers checks the answers kept for Idempotency-Keys: each is a
-// 200 naming a stored button (of ids); every write with a key that was
-// answered has its answer kept byte for byte, and one stored without an
-// answer has one naming its button; no write that was not stored has one.
+// checkCrashAnswers checks the answers kept for Idempotency-Keys: each is a 200 naming a stored button (of ids); every
+// write with a key that was answered has its answer kept byte for byte, and one stored without an answer has one naming
+// its button; no write that was not stored has one.
 func checkCrashAnswers(t *testing.T, db *sql.DB, m *crashModel, when string, ids map[string]bool) {
 	t.Helper()
 	rows, err := db.Query(`SELECT key, status, body FROM idempotency_keys WHERE account = 'acme'`)
@@ -488,9 +473,8 @@ func checkCrashAnswers(t *testing.T, db *sql.DB, m *crashModel, when string, ids
 	}
 }
 
-// retryLostCreates sends again, after the restart, every create that got no
-// answer and carried an Idempotency-Key: one that was stored must be replayed
-// with its button's id, one that was not must now be created.
+// retryLostCreates sends again, after the restart, every create that got no answer and carried an Idempotency-Key: one
+// that was stored must be replayed with its button's id, one that was not must now be created.
 func retryLostCreates(t *testing.T, client *http.Client, url, key string, m *crashModel) {
 	t.Helper()
 	replays := 0
@@ -519,10 +503,9 @@ func retryLostCreates(t *testing.T, client *http.Client, url, key string, m *cra
 
 // --- SIGTERM ---
 
-// TestShutdownUnderLoadFinishesRequestsInFlight sends SIGTERM to a server
-// busy with creates and holding one request whose body has not arrived yet:
-// that request still gets its 200, new connections are refused, every create
-// stored is one that was answered, the process exits 0 and leaves no WAL.
+// TestShutdownUnderLoadFinishesRequestsInFlight sends SIGTERM to a server busy with creates and holding one request
+// whose body has not arrived yet: that request still gets its 200, new connections are refused, every create stored is
+// one that was answered, the process exits 0 and leaves no WAL.
 func TestShutdownUnderLoadFinishesRequestsInFlight(t *testing.T) {
 	if runtime.GOOS == "windows" {
 		t.Skip("needs SIGTERM")
@@ -625,8 +608,7 @@ func TestShutdownUnderLoadFinishesRequestsInFlight(t *testing.T) {
 		t.Errorf("got a %d-byte WAL after shutdown, want it checkpointed (absent or empty)", info.Size())
 	}
 
-	// Stored creates are exactly the answered ones: none was cut off after
-	// it was committed.
+	// Stored creates are exactly the answered ones: none was cut off after it was committed.
 	db, err := sql.Open("sqlite", dbPath)
 	if err != nil {
 		t.Fatal(err)

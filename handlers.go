@@ -67,7 +67,7 @@ type server struct {
 	providerName string
 	limiter      *rateLimiter // per API key
 	failures     *rateLimiter // failed authentications, per client address
-	goodKeys     sync.Map     // SHA-256 of live keys: exempt from the failure limit
+	goodKeys     sync.Map     // SHA-256 -> apiKey of live keys: exempt from the failure limit; a write's key
 	keysLoaded   atomic.Int64 // when goodKeys was last loaded from the database, in Unix nanoseconds
 	inFlight     sync.Map     // account and Idempotency-Key of writes still running
 	metrics      metrics
@@ -396,7 +396,7 @@ func (s *server) respond(w http.ResponseWriter, r *http.Request, who actor, body
 	fmt.Fprintf(h, "%s\n%s\n%s\n%s\n", r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header.Get("If-Match"))
 	h.Write(body)
 	fingerprint := h.Sum(nil) // the same request: method, path, query, If-Match and body
-	prior, err := s.store.findResponse(r.Context(), who.Account, key[0])
+	prior, err := s.store.findResponse(r.Context(), who, key[0])
 	switch {
 	case err == nil && !bytes.Equal(prior.Fingerprint, fingerprint):
 		s.writeError(w, r, &apiError{code: "idempotency_mismatch",
@@ -669,6 +669,9 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 // send writes a rendered answer. A 5xx is logged as an error with its cause, which the client never sees; a 503
 // says when to retry.
 func (s *server) send(w http.ResponseWriter, r *http.Request, answer storedResponse, err error) {
+	if err == errUnknownKey { // revoked since admit found it in memory, or unknown
+		s.goodKeys.Delete(sha256.Sum256([]byte(r.Header.Get("X-API-KEY"))))
+	}
 	if answer.Status >= 500 {
 		s.log.Error("request failed", "requestId", requestID(r.Context()), "status", answer.Status, "err", err)
 	}
@@ -705,7 +708,7 @@ func (s *server) admit(w http.ResponseWriter, r *http.Request, write bool,
 	}
 	secret := r.Header.Get("X-API-KEY")
 	hash := sha256.Sum256([]byte(secret))
-	_, known := s.goodKeys.Load(hash)
+	cached, known := s.goodKeys.Load(hash)
 	if host, _, _ := net.SplitHostPort(r.RemoteAddr); !known {
 		if ok, wait := s.failures.allow(host, time.Now()); !ok && !s.isLiveKey(r.Context(), hash) {
 			// Held for its Retry-After: a flood that waits for answers costs a request a connection a second.
@@ -720,15 +723,13 @@ func (s *server) admit(w http.ResponseWriter, r *http.Request, write bool,
 	if secret == "" {
 		return refuse(&apiError{code: "unauthorized", message: "the X-API-KEY header is required"}, 0)
 	}
-	key, err := lookup(r.Context(), secret)
-	if err == errUnknownKey {
-		s.goodKeys.Delete(hash)
-	}
-	if err != nil {
-		return refuse(err, 0)
-	}
-	if !known {
-		s.goodKeys.Store(hash, true)
+	key, _ := cached.(apiKey)
+	if !known || !write { // a write's key is looked up again in its own transaction (store.go, writeAnswered)
+		var err error
+		if key, err = lookup(r.Context(), secret); err != nil {
+			return refuse(err, 0)
+		}
+		s.goodKeys.Store(hash, key)
 	}
 	if info, _ := r.Context().Value(requestInfoKey{}).(*requestInfo); info != nil {
 		info.keyID = key.ID
@@ -764,8 +765,8 @@ func (s *server) isLiveKey(ctx context.Context, hash [sha256.Size]byte) bool {
 	if last := s.keysLoaded.Load(); time.Since(time.Unix(0, last)) > time.Second &&
 		s.keysLoaded.CompareAndSwap(last, time.Now().UnixNano()) {
 		live, _ := s.store.liveKeys(ctx)
-		for _, h := range live {
-			s.goodKeys.Store(h, true)
+		for _, k := range live {
+			s.goodKeys.Store([sha256.Size]byte(k.Hash), k)
 		}
 	}
 	_, live := s.goodKeys.Load(hash)

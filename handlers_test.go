@@ -431,21 +431,28 @@ func TestRateLimit(t *testing.T) {
 	e.do("GET", "/product-payment/get/x", e.keyB, "").want(t, 404, "not_found") // each key has its own bucket
 }
 
-// A key revoked by the CLI is refused on the next request, like an unknown one; the account's other keys work.
+// A key revoked by the CLI is refused on the next request like an unknown one, even on a write with a key the server
+// knows from memory; the account's other keys work.
 func TestRevokedKeyStopsOnTheNextRequest(t *testing.T) {
 	e := newTestServer(t)
-	spare, _ := e.mintKey("acme", false)
 	id := e.create(e.key, createBody(nil))
-	// Revoke from another process's point of view: the CLI opens the file itself.
-	if _, err := runCLI(t, nil, "keys", "revoke", "-db", e.dbPath, e.keyID); err != nil {
-		t.Fatalf("keys revoke: %v", err)
+	var r response
+	for _, req := range [][]string{{"DELETE", "/delete/", "", "Idempotency-Key", "k"}, // a replay, a change, a refusal
+		{"POST", "/update/", `{"productName":"Revoked"}`}, {"POST", "/update/", `{"productName":""}`}, {"GET", "/get/", ""}} {
+		key, keyID := e.mintKey("acme", false)
+		e.do("DELETE", "/product-payment/delete/"+id, key, "", "Idempotency-Key", "k")      // the server knows key now
+		if _, err := runCLI(t, nil, "keys", "revoke", "-db", e.dbPath, keyID); err != nil { // as another process
+			t.Fatalf("keys revoke: %v", err)
+		}
+		r = e.do(req[0], "/product-payment"+req[1]+id, key, req[2], req[3:]...)
+		r.want(t, 401, "unauthorized")
 	}
-	r := e.do("GET", "/product-payment/get/"+id, e.key, "")
-	r.want(t, 401, "unauthorized")
 	if unknown := e.do("GET", "/product-payment/get/"+id, "pbk_unknown", ""); unknown.env.Message != r.env.Message {
 		t.Errorf("got %q for a revoked key, %q for an unknown one, want one answer", r.env.Message, unknown.env.Message)
 	}
-	e.getView(spare, id) // rotation: the account's other key still works
+	if got := e.getView(e.key, id); got["productName"] != "Pro plan" || got["version"] != 2.0 {
+		t.Errorf("got %v after the revoked keys' writes, want version 2, productName Pro plan", got)
+	}
 }
 
 // --- the whole program, run in this process ---

@@ -618,6 +618,14 @@ func (e *apiError) LogValue() slog.Value {
 	return slog.StringValue(fmt.Sprintf("%s (cause: %v)", e.message, e.cause))
 }
 
+var (
+	errNotFound           = &apiError{code: "not_found", message: "no such button"}
+	errUnknownKey         = &apiError{code: "unauthorized", message: "the API key is not valid"}
+	errPreconditionFailed = &apiError{code: "precondition_failed",
+		message: "the button has changed since the version in If-Match; get it again"}
+	errClosed = &apiError{code: "unavailable", message: "the server is shutting down; retry shortly"}
+)
+
 // button is one stored payment button; an absent optional value is its zero value.
 type button struct {
 	ID, Account     string
@@ -649,7 +657,8 @@ func (b button) sameAs(o button) bool {
 // apiKey is a key's public record; only the secret's SHA-256 is stored.
 type apiKey struct {
 	ID, Account string
-	ReadOnly    bool // may read buttons, never change them
+	Hash        []byte // the secret's SHA-256
+	ReadOnly    bool   // may read buttons, never change them
 	CreatedAt   timestamp
 	LastUsedAt  timestamp // zero if never used
 	RevokedAt   timestamp // zero while valid

@@ -21,7 +21,7 @@ import (
 // storage is every operation the handlers use. An expected outcome is an *apiError; any other error is a fault.
 type storage interface {
 	authenticate(ctx context.Context, secret string) (apiKey, error)                 // or errUnknownKey
-	liveKeys(ctx context.Context) ([][sha256.Size]byte, error)                       // the hashes of the keys not revoked
+	liveKeys(ctx context.Context) ([]apiKey, error)                                  // the keys not revoked
 	getButtonWithKey(ctx context.Context, secret, id string) (apiKey, button, error) // one query for both
 	listButtons(ctx context.Context, account string, f listFilter) (page []button, scanEnd string, err error)
 	buttonHistory(ctx context.Context, account, id string, after, limit int64) ([]historyEntry, int64, error)
@@ -33,22 +33,14 @@ type storage interface {
 	createButton(ctx context.Context, who actor, b button) (outcome, error)
 	changeButton(ctx context.Context, who actor, id string, ifMatch int64, action string,
 		edit func(*button) error) (outcome, error)
-	reject(ctx context.Context, who actor, refusal error) error // keep it
-	findResponse(ctx context.Context, account, key string) (storedResponse, error)
+	reject(ctx context.Context, who actor, refusal error) error                      // keep it
+	findResponse(ctx context.Context, who actor, key string) (storedResponse, error) // while the key is live
 
 	ping(ctx context.Context) error                           // reads every table; fails while writes are refused
 	stats() (commits, ops int64, batches []int64, size int64) // for /metrics
 }
 
 // The commands use openStore, close, createKey, listKeys and revokeKey; backup and check (main.go) use ownVersion.
-
-var (
-	errNotFound           = &apiError{code: "not_found", message: "no such button"}
-	errUnknownKey         = &apiError{code: "unauthorized", message: "the API key is not valid"}
-	errPreconditionFailed = &apiError{code: "precondition_failed",
-		message: "the button has changed since the version in If-Match; get it again"}
-	errClosed = &apiError{code: "unavailable", message: "the server is shutting down; retry shortly"}
-)
 
 const (
 	maxBatch       = 256            // writes that share one transaction and one fsync
@@ -149,9 +141,10 @@ func (c *statements) close() {
 type writeTx struct {
 	statements
 	conn      *sql.Conn
-	committed int64    // the last changeSeq committed
-	seq       int64    // the last changeSeq this batch gave out
-	changed   []string // the accounts this batch changes
+	committed int64           // the last changeSeq committed
+	seq       int64           // the last changeSeq this batch gave out
+	changed   []string        // the accounts this batch changes
+	liveKeys  map[string]bool // key id -> whether it is live, for the keys this batch has looked up
 }
 
 // nextChange gives a change to one of account's buttons the next changeSeq.
@@ -444,7 +437,7 @@ func (s *store) runWriter() {
 // another process). It succeeds or fails as a unit, then wakes whoever watches the accounts it changed.
 func (s *store) commit(batch []writeOp) error {
 	tx := s.tx
-	tx.seq, tx.changed = tx.committed, tx.changed[:0]
+	tx.seq, tx.changed, tx.liveKeys = tx.committed, tx.changed[:0], map[string]bool{}
 	err := s.checkWAL()
 	if err == nil {
 		_, err = tx.exec("BEGIN IMMEDIATE")
@@ -578,12 +571,10 @@ func (s *store) authenticate(ctx context.Context, secret string) (apiKey, error)
 	return k, classify(err)
 }
 
-func (s *store) liveKeys(ctx context.Context) ([][sha256.Size]byte, error) {
-	rows, err := s.reads.query(ctx, `SELECT secret_hash FROM api_keys WHERE revoked_at IS NULL`)
-	return collect(rows, err, func(rows *sql.Rows) (hash [sha256.Size]byte, err error) {
-		var b []byte
-		err = rows.Scan(&b)
-		return [sha256.Size]byte(b), err
+func (s *store) liveKeys(ctx context.Context) ([]apiKey, error) {
+	rows, err := s.reads.query(ctx, `SELECT secret_hash, id, account, read_only FROM api_keys WHERE revoked_at IS NULL`)
+	return collect(rows, err, func(rows *sql.Rows) (k apiKey, err error) {
+		return k, rows.Scan(&k.Hash, &k.ID, &k.Account, &k.ReadOnly)
 	})
 }
 
@@ -662,9 +653,10 @@ func (s *store) getButtonWithKey(ctx context.Context, secret, id string) (apiKey
 	if validButtonID(id) {
 		hash := sha256.Sum256([]byte(secret))
 		var k apiKey
-		b, err := scanButton(s.reads.queryRow(ctx, `SELECT `+selectButton+`, key_id, key_account
-			FROM (SELECT id AS key_id, account AS key_account FROM api_keys WHERE secret_hash = ? AND revoked_at IS NULL)
-			JOIN buttons ON account = key_account AND id = ?`, hash[:], id), &k.ID, &k.Account)
+		b, err := scanButton(s.reads.queryRow(ctx, `SELECT `+selectButton+`, key_id, key_account, key_read_only
+			FROM (SELECT id AS key_id, account AS key_account, read_only AS key_read_only FROM api_keys
+				WHERE secret_hash = ? AND revoked_at IS NULL)
+			JOIN buttons ON account = key_account AND id = ?`, hash[:], id), &k.ID, &k.Account, &k.ReadOnly)
 		if err == nil {
 			s.noteKeyUsed(k.ID)
 		}
@@ -785,9 +777,6 @@ func (s *store) createButton(ctx context.Context, who actor, b button) (outcome,
 // nothing changed, writes the next version with the next changeSeq, and the one before into its history.
 func (s *store) changeButton(ctx context.Context, who actor, id string, ifMatch int64, action string,
 	edit func(*button) error) (outcome, error) {
-	if !validButtonID(id) {
-		return outcome{}, s.reject(ctx, who, errNotFound) // no write unless an Idempotency-Key keeps the 404
-	}
 	return s.writeAnswered(ctx, who, func(tx *writeTx) (outcome, error) {
 		b, err := scanButton(tx.queryRow(context.Background(), `SELECT `+selectButton+
 			` FROM buttons WHERE account = ? AND id = ?`, who.Account, id))
@@ -836,9 +825,10 @@ func (s *store) changeButton(ctx context.Context, who actor, id string, ifMatch 
 
 // --- idempotency keys ---
 
-// writeAnswered runs change in the writer's next transaction: its outcome, an *apiError (nothing written) or a
-// fault. An Idempotency-Key's answer is stored in the same transaction, so that a crash keeps neither the change
-// without its answer nor the answer without its change.
+// writeAnswered runs change in the writer's next transaction, once the actor's key is found live there (the handler
+// may know it from memory): its outcome, an *apiError (nothing written) or a fault. An Idempotency-Key's answer is
+// stored in the same transaction, so that a crash keeps neither the change without its answer nor the answer
+// without its change.
 func (s *store) writeAnswered(ctx context.Context, who actor,
 	change func(tx *writeTx) (outcome, error)) (outcome, error) {
 	var out outcome
@@ -846,6 +836,17 @@ func (s *store) writeAnswered(ctx context.Context, who actor,
 	key := who.Idempotency
 	err := s.write(ctx, func(tx *writeTx) error {
 		var err error
+		live, checked := tx.liveKeys[who.KeyID]
+		if !checked { // once a batch: while it holds the write lock, no other process can revoke a key
+			err = tx.queryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM api_keys
+				WHERE id = ? AND revoked_at IS NULL)`, who.KeyID).Scan(&live)
+			tx.liveKeys[who.KeyID] = live
+		}
+		if err != nil || !live {
+			refusal = errUnknownKey
+			return err
+		}
+		s.noteKeyUsed(who.KeyID)
 		var expected *apiError
 		if out, err = change(tx); err != nil && !errors.As(err, &expected) {
 			return err
@@ -868,19 +869,17 @@ func (s *store) writeAnswered(ctx context.Context, who actor,
 }
 
 func (s *store) reject(ctx context.Context, who actor, refusal error) error {
-	if who.Idempotency == nil {
-		return refusal
-	}
 	_, err := s.writeAnswered(ctx, who, func(*writeTx) (outcome, error) { return outcome{}, refusal })
 	return err
 }
 
 // findResponse ignores answers older than idempotencyTTL.
-func (s *store) findResponse(ctx context.Context, account, key string) (storedResponse, error) {
+func (s *store) findResponse(ctx context.Context, who actor, key string) (storedResponse, error) {
 	var r storedResponse
 	err := s.reads.queryRow(ctx, `SELECT fingerprint, status, body FROM idempotency_keys
-		WHERE account = ? AND key = ? AND created_at > ?`,
-		account, key, timestamp{now().Add(-idempotencyTTL)}).Scan(&r.Fingerprint, &r.Status, &r.Body)
+		WHERE account = ? AND key = ? AND created_at > ?
+			AND EXISTS (SELECT 1 FROM api_keys WHERE id = ? AND revoked_at IS NULL)`, who.Account, key,
+		timestamp{now().Add(-idempotencyTTL)}, who.KeyID).Scan(&r.Fingerprint, &r.Status, &r.Body)
 	if errors.Is(err, sql.ErrNoRows) {
 		return storedResponse{}, errNotFound
 	}
