@@ -729,7 +729,7 @@ func (s *server) admit(w http.ResponseWriter, r *http.Request, write bool,
 		if key, err = lookup(r.Context(), secret); err != nil {
 			return refuse(err, 0)
 		}
-		s.goodKeys.Store(hash, key)
+		s.goodKeys.LoadOrStore(hash, key) // a known key costs no store: reads repeat it on every request
 	}
 	if info, _ := r.Context().Value(requestInfoKey{}).(*requestInfo); info != nil {
 		info.keyID = key.ID
