@@ -172,11 +172,7 @@ type page[T, C any] struct {
 
 func (s *server) handleList(w http.ResponseWriter, r *http.Request, who actor) {
 	f, err := decodeListQuery(r.URL.RawQuery, s.providerName)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	release, ok := s.share(w, r, who.Account)
+	release, ok := s.share(w, r, who.Account, err)
 	if !ok {
 		return
 	}
@@ -216,11 +212,7 @@ type change struct {
 
 func (s *server) handleHistory(w http.ResponseWriter, r *http.Request, who actor) {
 	limit, after, err := decodeHistoryQuery(r.URL.RawQuery)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	release, ok := s.share(w, r, who.Account)
+	release, ok := s.share(w, r, who.Account, err)
 	if !ok {
 		return
 	}
@@ -275,16 +267,12 @@ func auditedFields(b button) map[string]any {
 // until the writer commits a change of this account, the wait ends, or the server shuts down.
 func (s *server) handleChanges(w http.ResponseWriter, r *http.Request, who actor) {
 	since, limit, wait, err := decodeChangesQuery(r.URL.RawQuery)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
 	deadline := time.Now().Add(wait) // the server's write timeout counts from there, not from the request
 	http.NewResponseController(w).SetWriteDeadline(deadline.Add(15 * time.Second))
 	var buttons []button
 	for {
-		changed := s.store.watch(who.Account) // watched before the read: no commit falls between
-		release, ok := s.share(w, r, who.Account)
+		changed := s.store.watch(who.Account)          // watched before the read: no commit falls between
+		release, ok := s.share(w, r, who.Account, err) // err: the query's problems, then nil
 		if !ok {
 			return
 		}
@@ -743,10 +731,15 @@ func (s *server) admit(w http.ResponseWriter, r *http.Request, write bool,
 	return key, true
 }
 
-// share waits for one of the account's 2 shares of the 4 reader connections, so that one account's reads queue
-// behind each other and never take every connection (and both cores) from the others. After 5 s it answers
-// unavailable and returns false.
-func (s *server) share(w http.ResponseWriter, r *http.Request, account string) (release func(), ok bool) {
+// share answers queryErr, the problems of the request's query string, if there are any, and returns false. Else it
+// waits for one of the account's 2 shares of the 4 reader connections, so that one account's reads queue behind each
+// other and never take every connection (and both cores) from the others. After 5 s it answers unavailable.
+func (s *server) share(w http.ResponseWriter, r *http.Request, account string, queryErr error) (
+	release func(), ok bool) {
+	if queryErr != nil {
+		s.writeError(w, r, queryErr)
+		return nil, false
+	}
 	v, _ := s.shares.LoadOrStore(account, make(chan struct{}, 2))
 	select {
 	case v.(chan struct{}) <- struct{}{}:
