@@ -101,7 +101,8 @@ func TestButtonIDsAreValidAndIncreasing(t *testing.T) {
 func TestWALStaysSmallUnderReadsAndWrites(t *testing.T) {
 	longTests(t) // a checkpointer on another connection once let it reach 250 MB in 12 s
 	st := openTestStore(t)
-	who := actor{Account: "acme", KeyID: "key_x", RequestID: "req_x"}
+	_, keyID, _ := st.createKey(context.Background(), "acme", false) // a write's key must be live
+	who := actor{Account: "acme", KeyID: keyID, RequestID: "req_x"}
 	stop := make(chan struct{})
 	var readers sync.WaitGroup
 	for range 4 {
