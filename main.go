@@ -1,5 +1,5 @@
 // Command paybuttons stores the configurations of checkout payment buttons and serves them over a JSON/HTTP API
-// backed by one SQLite file.
+// backed by one SQLite file. This file runs the commands; the model every file shares closes it.
 package main
 
 import (
