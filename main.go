@@ -376,6 +376,7 @@ func fileCommand(ctx context.Context, command string, args []string, getenv func
 }
 
 // --- the file beside the server: one server at a time, backup, check ---
+// They work on the file without the store, beside the commands that run them; the server's queries are in store.go.
 
 // checkDir fails unless the directory the database file is in exists.
 func checkDir(path string) error {
