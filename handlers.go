@@ -67,7 +67,7 @@ type server struct {
 	providerName string
 	limiter      *rateLimiter // per API key
 	failures     *rateLimiter // failed authentications, per client address
-	goodKeys     sync.Map     // SHA-256 -> apiKey of live keys: exempt from the failure limit; a write's key
+	goodKeys     sync.Map     // SHA-256 -> apiKey of keys that authenticated: no failure limit, a write's key
 	keysLoaded   atomic.Int64 // when goodKeys was last loaded from the database, in Unix nanoseconds
 	inFlight     sync.Map     // account and Idempotency-Key of writes still running
 	metrics      metrics
@@ -271,11 +271,11 @@ func (s *server) handleChanges(w http.ResponseWriter, r *http.Request, who actor
 	http.NewResponseController(w).SetWriteDeadline(deadline.Add(15 * time.Second))
 	var buttons []button
 	for {
-		changed := s.store.watch(who.Account)          // watched before the read: no commit falls between
 		release, ok := s.share(w, r, who.Account, err) // err: the query's problems, then nil
 		if !ok {
 			return
 		}
+		changed := s.store.watch(who.Account) // watched before the read: no commit falls between
 		buttons, err = s.store.changes(r.Context(), who.Account, since, limit+1)
 		release() // held for the read, not while waiting
 		if err != nil {

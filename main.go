@@ -658,7 +658,7 @@ func (b button) sameAs(o button) bool {
 // apiKey is a key's public record; only the secret's SHA-256 is stored.
 type apiKey struct {
 	ID, Account string
-	Hash        []byte // the secret's SHA-256
+	Hash        []byte // the secret's SHA-256, as liveKeys reads it
 	ReadOnly    bool   // may read buttons, never change them
 	CreatedAt   timestamp
 	LastUsedAt  timestamp // zero if never used

@@ -33,7 +33,7 @@ type storage interface {
 	createButton(ctx context.Context, who actor, b button) (outcome, error)
 	changeButton(ctx context.Context, who actor, id string, ifMatch int64, action string,
 		edit func(*button) error) (outcome, error)
-	reject(ctx context.Context, who actor, refusal error) error                      // keep it
+	reject(ctx context.Context, who actor, refusal error) error                      // once the key is checked
 	findResponse(ctx context.Context, who actor, key string) (storedResponse, error) // while the key is live
 
 	ping(ctx context.Context) error                           // reads every table; fails while writes are refused
