@@ -324,7 +324,7 @@ func TestCrashKeepsAcknowledgedWrites(t *testing.T) {
 	if err != nil {
 		t.Fatalf("open after the last kill: %v", err)
 	}
-	defer st.close()
+	defer st.close(false)
 	checkCrashState(t, st.reader, m, "after the last restart")
 }
 

@@ -140,7 +140,7 @@ func TestChangeFeed(t *testing.T) {
 	e.do("GET", "/product-payment/changes?since=-1&limit=0&wait=61", e.key, "").wantFields(t, "since", "limit", "wait")
 	// A restart keeps every button as it was, every key, and the sequence where it was.
 	want := e.mustStored("acme", a1)
-	if err := e.store.close(); err != nil {
+	if err := e.store.close(false); err != nil {
 		t.Fatal(err)
 	}
 	st, err := openStore(e.dbPath)
@@ -154,79 +154,6 @@ func TestChangeFeed(t *testing.T) {
 	a3 := e.create(e.key, createBody(nil))
 	if ids, seqs, _, _ := e.feed(e.key, fmt.Sprint("since=", next)); !slices.Equal(ids, []string{a3}) || seqs[0] <= next {
 		t.Errorf("after a restart: got %v %v, want only %s, past %d", ids, seqs, a3, next)
-	}
-}
-
-// A waiting feed request is answered as soon as its account changes, else empty after the wait.
-func TestChangeFeedWaits(t *testing.T) {
-	t.Parallel()
-	e := newTestServer(t)
-	_, _, _, next := e.feed(e.key, "")
-	wait := func(seconds int) chan []string {
-		ids := make(chan []string, 1)
-		go func() {
-			got, _, _, _ := e.feed(e.key, fmt.Sprintf("since=%d&wait=%d", next, seconds))
-			ids <- got
-		}()
-		return ids
-	}
-	start := time.Now()
-	woken, notWoken := wait(30), wait(1)
-	time.Sleep(200 * time.Millisecond) // both are waiting by now; the checks do not depend on it
-	e.create(e.keyB, createBody(nil))  // another account's change wakes neither for good
-	select {
-	case ids := <-notWoken:
-		if len(ids) != 0 || time.Since(start) < time.Second {
-			t.Errorf("wait=1, another account's change: got %v after %v, want none after 1 s", ids, time.Since(start))
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("wait=1 did not answer within 10 s")
-	}
-	id := e.create(e.key, createBody(nil))
-	start = time.Now()
-	select {
-	case ids := <-woken:
-		if !slices.Equal(ids, []string{id}) || time.Since(start) > time.Second {
-			t.Errorf("wait=30: got %v %v after the create, want %s within a second", ids, time.Since(start), id)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("a waiting request was not woken by its account's change")
-	}
-}
-
-// A waiting feed request ends with its client, logged as a 499 and not an ERROR, and is
-// answered at once, empty, when the server shuts down.
-func TestWaitingRequestsEndWithTheirClientOrTheServer(t *testing.T) {
-	t.Parallel()
-	srv := startRun(t, "-db", filepath.Join(t.TempDir(), "wait.db"))
-	done := make(chan response, 1)
-	go func() {
-		r, _ := callAPI(http.DefaultClient, "GET", srv.url+"/product-payment/changes?since=99&wait=60", srv.mintedKey(), "")
-		done <- r
-	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", srv.url+"/product-payment/changes?since=9&wait=5", nil)
-	req.Header.Set("X-API-KEY", srv.mintedKey())
-	if _, err := http.DefaultClient.Do(req); err == nil {
-		t.Fatal("the request outlived its context")
-	}
-	time.Sleep(200 * time.Millisecond) // the server notices the closed connection
-	start := time.Now()
-	if err := srv.stop(); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case r := <-done:
-		if p := dataOf[page[buttonView, int64]](t, r); r.status != 200 || len(p.Items) != 0 || p.Next != 99 ||
-			time.Since(start) > 3*time.Second {
-			t.Errorf("got %d %s after %v, want 200 with no items, next 99, at once", r.status, r.raw, time.Since(start))
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the waiting request was not answered at shutdown")
-	}
-	if logs := srv.stderr.String(); strings.Contains(logs, "level=ERROR") || !strings.Contains(logs, "status=499") {
-		t.Errorf("got logs with an ERROR or without status=499:\n%s", logs)
 	}
 }
 
@@ -346,8 +273,8 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 	commits := series["paybuttons_db_commits_total"]
-	if commits < 3 || commits != series[`paybuttons_db_batch_size_bucket{le="+Inf"}`] ||
+	if writes := series["paybuttons_db_writes_total"]; commits < 3 || writes < commits ||
 		series["paybuttons_db_size_bytes"] <= 0 {
-		t.Errorf("got db series %v, want commits (the keys and the create), batch sizes of each, and a size", series)
+		t.Errorf("got db series %v, want commits (the keys and the create), as many writes or more, and a size", series)
 	}
 }

@@ -337,9 +337,10 @@ func (o *oracle) edit(in map[string]any, b *button) (named bool) {
 	}
 	if v, ok := given(in, "productName"); ok {
 		named, b.ProductName = true, strings.TrimSpace(o.text("productName", v))
-		o.chars("productName", b.ProductName, 1, 250, unicode.IsControl)
-		if !strings.ContainsFunc(b.ProductName, func(r rune) bool { return unicode.IsGraphic(r) && !unicode.IsSpace(r) }) {
-			o.refuse("productName %.40q has no visible character", b.ProductName)
+		o.chars("productName", b.ProductName, 1, 250,
+			func(r rune) bool { return unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r) })
+		if !strings.ContainsFunc(b.ProductName, func(r rune) bool { return unicode.In(r, unicode.L, unicode.N, unicode.P, unicode.S) }) {
+			o.refuse("productName %.40q has no letter, digit, punctuation mark or symbol", b.ProductName)
 		}
 	}
 	if v, ok := given(in, "currency"); ok {

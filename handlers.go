@@ -11,44 +11,38 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	mathrand "math/rand/v2"
 	"mime"
 	"net"
 	"net/http"
-	"net/url"
 	"path"
 	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
-	"unicode"
 )
-
-const maxBodyBytes = 64 << 10 // every request body's cap (64 KiB)
-
-var errNoPath = &apiError{code: "not_found", message: "no such path"}
 
 // statusOf is the one table from an error's code to its HTTP status.
 var statusOf = map[string]int{
-	"invalid_request":        http.StatusBadRequest,
-	"unauthorized":           http.StatusUnauthorized,
-	"forbidden":              http.StatusForbidden,
-	"not_found":              http.StatusNotFound,
-	"method_not_allowed":     http.StatusMethodNotAllowed,
-	"wrong_state":            http.StatusConflict,
-	"idempotency_in_flight":  http.StatusConflict,
-	"precondition_failed":    http.StatusPreconditionFailed,
-	"payload_too_large":      http.StatusRequestEntityTooLarge,
-	"unsupported_media_type": http.StatusUnsupportedMediaType,
-	"idempotency_mismatch":   http.StatusUnprocessableEntity,
-	"rate_limited":           http.StatusTooManyRequests,
-	"canceled":               499, // the client went away: nobody reads this answer, the access log does
-	"internal":               http.StatusInternalServerError,
-	"unavailable":            http.StatusServiceUnavailable,
+	codeInvalid:          http.StatusBadRequest,
+	codeUnauthorized:     http.StatusUnauthorized,
+	codeForbidden:        http.StatusForbidden,
+	codeNotFound:         http.StatusNotFound,
+	codeMethodNotAllowed: http.StatusMethodNotAllowed,
+	codeWrongState:       http.StatusConflict,
+	codeInFlight:         http.StatusConflict,
+	codePrecondition:     http.StatusPreconditionFailed,
+	codeTooLarge:         http.StatusRequestEntityTooLarge,
+	codeMediaType:        http.StatusUnsupportedMediaType,
+	codeMismatch:         http.StatusUnprocessableEntity,
+	codeRateLimited:      http.StatusTooManyRequests,
+	codeCanceled:         499,
+	codeInternal:         http.StatusInternalServerError,
+	codeUnavailable:      http.StatusServiceUnavailable,
 }
 
 // config is what the command line decides about the API.
@@ -67,13 +61,9 @@ type server struct {
 	providerName string
 	limiter      *rateLimiter // per API key
 	failures     *rateLimiter // failed authentications, per client address
-	goodKeys     sync.Map     // SHA-256 -> apiKey of keys that authenticated: no failure limit, a write's key
-	keysLoaded   atomic.Int64 // when goodKeys was last loaded from the database, in Unix nanoseconds
-	inFlight     sync.Map     // account and Idempotency-Key of writes still running
+	knownKeys    knownKeys
+	inFlight     sync.Map // account and Idempotency-Key of the writes still running
 	metrics      metrics
-	shares       sync.Map // account -> its shares of the reader connections (see share)
-	stopping     context.Context
-	stop         context.CancelFunc // answers every request waiting on the change feed at once
 }
 
 // newServer returns the whole HTTP API. Every response, the mux's own 404 and 405 included, is the JSON envelope,
@@ -81,7 +71,6 @@ type server struct {
 func newServer(st storage, log *slog.Logger, cfg config) *server {
 	s := &server{store: st, log: log, providerName: cfg.providerName, limiter: newRateLimiter(cfg.rate, cfg.burst),
 		failures: newRateLimiter(20, 100), metrics: metrics{routes: map[string]*routeMetrics{}}}
-	s.stopping, s.stop = context.WithCancel(context.Background())
 	mux := http.NewServeMux()
 	allowed := map[string]string{} // path -> the methods its route answers, for a 405's Allow
 	route := func(pattern string, h http.HandlerFunc) {
@@ -90,7 +79,7 @@ func newServer(st storage, log *slog.Logger, cfg config) *server {
 		mux.Handle(pattern, h)
 	}
 	route("POST /product-payment/create", s.keyed(true, s.handleCreate))
-	route("GET /product-payment/get/{id}", s.handleGet) // checks the key in its own query
+	route("GET /product-payment/get/{id}", s.keyed(false, s.handleGet))
 	route("GET /product-payment/list", s.keyed(false, s.handleList))
 	route("GET /product-payment/history/{id}", s.keyed(false, s.handleHistory))
 	route("GET /product-payment/changes", s.keyed(false, s.handleChanges))
@@ -108,7 +97,7 @@ func newServer(st storage, log *slog.Logger, cfg config) *server {
 	for path, methods := range allowed { // a path without a method: every method its route does not answer
 		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Allow", methods)
-			s.writeError(w, r, &apiError{code: "method_not_allowed",
+			s.writeError(w, r, &apiError{code: codeMethodNotAllowed,
 				message: "method " + r.Method + " is not allowed here; allowed: " + methods})
 		})
 	}
@@ -117,23 +106,26 @@ func newServer(st storage, log *slog.Logger, cfg config) *server {
 	return s
 }
 
+var errNoPath = &apiError{code: codeNotFound, message: "no such path"}
+
 // openAPIDocument is the API's OpenAPI 3.1 description, served as it is.
 //
 //go:embed openapi.json
 var openAPIDocument []byte
 
-// handleHealth answers 200 when the database answers, 503 when it does not or refuses writes.
+// --- handlers, one per operation ---
+
+// handleHealth answers 200 when the database answers and takes writes, 503 when it does not.
 func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	if err := s.store.ping(ctx); err != nil {
-		s.writeError(w, r, &apiError{code: "unavailable", message: "the database does not answer", cause: err})
+		s.writeError(w, r, &apiError{code: codeUnavailable, message: "the database does not answer or refuses writes",
+			cause: err})
 		return
 	}
-	s.writeJSON(w, r, http.StatusOK, envelope{IsSuccess: true, Data: "ok", Message: "the database answers"})
+	s.send(w, r, s.render(r, http.StatusOK, envelope{IsSuccess: true, Data: "ok", Message: "the database answers"}), nil)
 }
-
-// --- handlers, one per operation ---
 
 func (s *server) handleCreate(w http.ResponseWriter, r *http.Request, who actor) {
 	body, err := readBody(w, r)
@@ -147,20 +139,13 @@ func (s *server) handleCreate(w http.ResponseWriter, r *http.Request, who actor)
 	})
 }
 
-func (s *server) handleGet(w http.ResponseWriter, r *http.Request) {
-	var b button
-	_, ok := s.admit(w, r, false, func(ctx context.Context, secret string) (key apiKey, err error) {
-		key, b, err = s.store.getButtonWithKey(ctx, secret, r.PathValue("id"))
-		return key, err
-	})
-	switch {
-	case !ok:
-	case b.ID == "":
-		s.writeError(w, r, errNotFound)
-	default:
-		w.Header().Set("ETag", strconv.Quote(strconv.FormatInt(b.Version, 10)))
-		s.writeJSON(w, r, http.StatusOK, envelope{IsSuccess: true, Data: viewOf(b), Message: "ok"})
+func (s *server) handleGet(w http.ResponseWriter, r *http.Request, who actor) {
+	b, err := s.store.getButton(r.Context(), who.Account, r.PathValue("id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
 	}
+	s.writeData(w, r, viewOf(b), b.Version)
 }
 
 // page is the data of every answer that lists: the items, whether more follow, and the cursor that asks for them.
@@ -172,27 +157,41 @@ type page[T, C any] struct {
 
 func (s *server) handleList(w http.ResponseWriter, r *http.Request, who actor) {
 	f, err := decodeListQuery(r.URL.RawQuery, s.providerName)
-	release, ok := s.share(w, r, who.Account, err)
-	if !ok {
-		return
+	var buttons []button
+	var next string
+	if err == nil {
+		buttons, next, err = s.store.listButtons(r.Context(), who.Account, f)
 	}
-	defer release()
-	limit := f.Limit
-	f.Limit++ // one more than asked says whether there is a next page
-	buttons, scanEnd, err := s.store.listButtons(r.Context(), who.Account, f)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	data := page[buttonView, *string]{HasMore: len(buttons) > limit || scanEnd != ""}
-	if len(buttons) > limit {
-		buttons, scanEnd = buttons[:limit], buttons[limit-1].ID
+	data := page[buttonView, *string]{Items: viewsOf(buttons), HasMore: next != ""}
+	if next != "" {
+		data.Next = &next
 	}
-	if data.HasMore {
-		data.Next = &scanEnd
+	s.writeData(w, r, data, 0)
+}
+
+func (s *server) handleHistory(w http.ResponseWriter, r *http.Request, who actor) {
+	limit, after, err := decodeHistoryQuery(r.URL.RawQuery)
+	var entries []historyEntry
+	var more bool
+	if err == nil {
+		entries, more, err = s.store.buttonHistory(r.Context(), who.Account, r.PathValue("id"), after, limit)
 	}
-	data.Items = viewsOf(buttons)
-	s.writeJSON(w, r, http.StatusOK, envelope{IsSuccess: true, Data: data, Message: "ok"})
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	data := page[historyItem, *int64]{Items: make([]historyItem, len(entries)), HasMore: more}
+	for i, e := range entries {
+		data.Items[i] = historyItemOf(e)
+	}
+	if more {
+		data.Next = &data.Items[len(entries)-1].Version
+	}
+	s.writeData(w, r, data, 0)
 }
 
 // historyItem is one change as the history endpoint shows it.
@@ -210,44 +209,28 @@ type change struct {
 	To   any `json:"to"`
 }
 
-func (s *server) handleHistory(w http.ResponseWriter, r *http.Request, who actor) {
-	limit, after, err := decodeHistoryQuery(r.URL.RawQuery)
-	release, ok := s.share(w, r, who.Account, err)
-	if !ok {
-		return
+// historyItemOf shows a change as the fields it changed, from the button before it to the button after it.
+func historyItemOf(e historyEntry) historyItem {
+	item := historyItem{Version: e.Version, At: e.At, Action: e.Action, KeyID: e.KeyID, RequestID: e.RequestID,
+		Changes: map[string]change{}}
+	was, is := map[string]any{}, auditedFields(e.After)
+	if e.Action != "create" {
+		was = auditedFields(e.Before)
 	}
-	defer release()
-	entries, current, err := s.store.buttonHistory(r.Context(), who.Account, r.PathValue("id"), after, limit)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	data := page[historyItem, *int64]{Items: make([]historyItem, len(entries))}
-	for i, e := range entries {
-		was, is := map[string]any{}, auditedFields(e.After)
-		if e.Action != "create" {
-			was = auditedFields(e.Before)
-		}
-		data.Items[i] = historyItem{Version: e.Version, At: e.At, Action: e.Action, KeyID: e.KeyID,
-			RequestID: e.RequestID, Changes: map[string]change{}}
-		for name, to := range is {
-			if from := was[name]; from != to {
-				data.Items[i].Changes[name] = change{from, to}
-			}
-		}
-		for name, from := range was { // metadata keys the change removed
-			if _, kept := is[name]; !kept {
-				data.Items[i].Changes[name] = change{from, nil}
-			}
+	for name, to := range is {
+		if from := was[name]; from != to {
+			item.Changes[name] = change{from, to}
 		}
 	}
-	if n := len(data.Items); n > 0 && data.Items[n-1].Version < current {
-		data.HasMore, data.Next = true, &data.Items[n-1].Version
+	for name, from := range was { // metadata keys the change removed
+		if _, kept := is[name]; !kept {
+			item.Changes[name] = change{from, nil}
+		}
 	}
-	s.writeJSON(w, r, http.StatusOK, envelope{IsSuccess: true, Data: data, Message: "ok"})
+	return item
 }
 
-// auditedFields are a button's fields as get renders them, the ones history reports changes of (the id, version,
+// auditedFields are a button's fields as get shows them, the ones history reports changes of (the id, version,
 // changeSeq and times are left out), each metadata key on its own as "metadata.KEY".
 func auditedFields(b button) map[string]any {
 	var fields map[string]any
@@ -263,43 +246,23 @@ func auditedFields(b button) map[string]any {
 }
 
 // handleChanges answers the change feed: the account's buttons changed after since, each once, as it is now, in the
-// order of their last change. With wait, a request that finds nothing holds, on no connection and with no polling,
-// until the writer commits a change of this account, the wait ends, or the server shuts down.
+// order of their last change. Clients poll it with the next it answered.
 func (s *server) handleChanges(w http.ResponseWriter, r *http.Request, who actor) {
-	since, limit, wait, err := decodeChangesQuery(r.URL.RawQuery)
-	deadline := time.Now().Add(wait) // the server's write timeout counts from there, not from the request
-	http.NewResponseController(w).SetWriteDeadline(deadline.Add(15 * time.Second))
+	since, limit, err := decodeChangesQuery(r.URL.RawQuery)
 	var buttons []button
-	for {
-		release, ok := s.share(w, r, who.Account, err) // err: the query's problems, then nil
-		if !ok {
-			return
-		}
-		changed := s.store.watch(who.Account) // watched before the read: no commit falls between
-		buttons, err = s.store.changes(r.Context(), who.Account, since, limit+1)
-		release() // held for the read, not while waiting
-		if err != nil {
-			s.writeError(w, r, err)
-			return
-		}
-		if len(buttons) > 0 || !time.Now().Before(deadline) {
-			break
-		}
-		select {
-		case <-changed:
-		case <-time.After(time.Until(deadline)):
-		case <-r.Context().Done():
-		case <-s.stopping.Done():
-			deadline = time.Now()
-		}
+	var more bool
+	if err == nil {
+		buttons, more, err = s.store.changes(r.Context(), who.Account, since, limit)
 	}
-	data := page[buttonView, int64]{HasMore: len(buttons) > int(limit), Next: since}
-	buttons = buttons[:min(len(buttons), int(limit))]
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	data := page[buttonView, int64]{Items: viewsOf(buttons), HasMore: more, Next: since}
 	if len(buttons) > 0 {
 		data.Next = buttons[len(buttons)-1].ChangeSeq
 	}
-	data.Items = viewsOf(buttons)
-	s.writeJSON(w, r, http.StatusOK, envelope{IsSuccess: true, Data: data, Message: "ok"})
+	s.writeData(w, r, data, 0)
 }
 
 func (s *server) handleUpdate(w http.ResponseWriter, r *http.Request, who actor) {
@@ -326,43 +289,34 @@ func (s *server) changeState(action, message string) func(w http.ResponseWriter,
 	}
 }
 
-// parseIfMatch reads an If-Match header: the ETag get sent, "<version>". It returns 0 when the header is absent or
-// "*" (any version).
-func parseIfMatch(header string) (int64, error) {
-	if header == "" || header == "*" {
-		return 0, nil
-	}
-	text, err := strconv.Unquote(header)
-	version, _ := strconv.ParseInt(text, 10, 64)
-	if err != nil || header[0] != '"' || !asciiIn(text, 1, 19, digits) || version < 1 {
-		return 0, invalid(problems{"If-Match": `must be the ETag get sent, a version in quotes such as "3"`})
-	}
-	return version, nil
-}
-
-// respond runs op, the operation of a write request, and answers with its outcome: message (or "unchanged") and the
-// button's id on success. A refusal found before op (a body or header that breaks a rule) is the answer instead.
-// With an Idempotency-Key, a repeat of a finished request gets the first answer again, byte for byte; the same key
-// with another request is a 422, and while the first is still running a 409. The answer is rendered once and stored
-// with the change, or with the refusal.
+// respond answers a write: refusal, when the body or a header broke a rule, else the outcome of op, the write
+// itself: message (or "unchanged") and the button's id, its version as the ETag.
+//
+// With an Idempotency-Key the answer is stored with the change, or with the refusal, in one transaction, and a
+// repeat of the same request gets it again, byte for byte. The key with another request is a 422, and while the
+// first is still running a 409.
 func (s *server) respond(w http.ResponseWriter, r *http.Request, who actor, body []byte, message string,
 	refusal error, op func(actor) (outcome, error)) {
-	if refusal != nil {
-		op = func(who actor) (outcome, error) { return outcome{}, s.store.reject(r.Context(), who, refusal) }
-	}
-	render := func(out outcome, err error) storedResponse {
+	render := func(out outcome, err error) answer {
 		if err != nil {
-			status, env := errorEnvelope(err)
-			return s.answer(r, status, env)
+			return s.renderError(r, err)
 		}
 		if !out.Changed {
 			message = "unchanged"
 		}
-		return s.answer(r, http.StatusOK, envelope{IsSuccess: true, Data: out.ID, Message: message})
+		a := s.render(r, http.StatusOK, envelope{IsSuccess: true, Data: out.ID, Message: message})
+		a.Version = out.Version
+		return a
+	}
+	if refusal != nil { // there is no write to run, only, with an Idempotency-Key, an answer to keep
+		op = func(who actor) (outcome, error) { return outcome{}, s.store.keepRefusal(r.Context(), who, refusal) }
 	}
 	key, given := r.Header["Idempotency-Key"]
 	if !given {
-		out, err := op(who)
+		out, err := outcome{}, refusal
+		if refusal == nil {
+			out, err = op(who)
+		}
 		s.send(w, r, render(out, err), err)
 		return
 	}
@@ -373,7 +327,7 @@ func (s *server) respond(w http.ResponseWriter, r *http.Request, who actor, body
 	}
 	slot := who.Account + "\x00" + key[0]
 	if _, running := s.inFlight.LoadOrStore(slot, true); running {
-		s.writeError(w, r, &apiError{code: "idempotency_in_flight",
+		s.writeError(w, r, &apiError{code: codeInFlight,
 			message: "a request with this Idempotency-Key is still running; retry shortly"})
 		return
 	}
@@ -384,10 +338,10 @@ func (s *server) respond(w http.ResponseWriter, r *http.Request, who actor, body
 	fmt.Fprintf(h, "%s\n%s\n%s\n%s\n", r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header.Get("If-Match"))
 	h.Write(body)
 	fingerprint := h.Sum(nil) // the same request: method, path, query, If-Match and body
-	prior, err := s.store.findResponse(r.Context(), who, key[0])
+	prior, err := s.store.findAnswer(r.Context(), who.Account, key[0])
 	switch {
 	case err == nil && !bytes.Equal(prior.Fingerprint, fingerprint):
-		s.writeError(w, r, &apiError{code: "idempotency_mismatch",
+		s.writeError(w, r, &apiError{code: codeMismatch,
 			message: "this Idempotency-Key was used with a different request; use a new key"})
 	case err == nil:
 		w.Header().Set("Idempotent-Replayed", "true")
@@ -397,218 +351,12 @@ func (s *server) respond(w http.ResponseWriter, r *http.Request, who actor, body
 	default:
 		who.Idempotency = &idempotencyKey{Key: key[0], Fingerprint: fingerprint, Render: render}
 		out, err := op(who)
-		if answer := who.Idempotency.Answer; answer.Body != nil {
-			s.send(w, r, answer, err)
-			return
-		}
-		s.send(w, r, render(out, err), err)
-	}
-}
-
-// --- query strings ---
-
-// query is a request's query string and the problems found in it.
-type query struct {
-	values url.Values
-	problems
-}
-
-// readQuery parses raw, noting unknown and repeated parameters. A known name "metadata[KEY]" stands for every
-// metadata[...] parameter.
-func readQuery(raw string, known ...string) *query {
-	q := &query{problems: problems{}}
-	var err error
-	if q.values, err = url.ParseQuery(raw); err != nil {
-		q.problems["query"] = "is not a valid URL query string"
-	}
-	for name, given := range q.values {
-		pattern := name
-		if strings.HasPrefix(name, "metadata[") && strings.HasSuffix(name, "]") {
-			pattern = "metadata[KEY]"
-		}
-		switch {
-		case !slices.Contains(known, pattern):
-			q.problems[name] = unknownName("query parameter", name, known)
-		case len(given) > 1:
-			q.problems[name] = "is given more than once"
+		if stored := who.Idempotency.Answer; stored.Body != nil {
+			s.send(w, r, stored, err)
+		} else { // a fault: nothing was stored, and a retry runs afresh
+			s.send(w, r, render(out, err), err)
 		}
 	}
-	return q
-}
-
-// get returns the parameter's value; false when it is absent or already refused.
-func (q *query) get(name string) (string, bool) {
-	_, bad := q.problems[name]
-	return q.values.Get(name), !bad && q.values.Has(name)
-}
-
-// whole returns the parameter as a whole number from min to max, def when absent.
-func (q *query) whole(name string, min, max, def int64) int64 {
-	v, ok := q.get(name)
-	n, err := strconv.ParseInt(v, 10, 64)
-	if ok && (err != nil || !asciiIn(v, 1, 19, digits) || n < min || n > max) {
-		q.fail(name, fmt.Sprintf("must be a whole number from %d to %d", min, max))
-	}
-	if !ok {
-		return def
-	}
-	return n
-}
-
-// decodeListQuery reads the list endpoint's query string; state defaults to active.
-func decodeListQuery(rawQuery, providerName string) (listFilter, error) {
-	q := readQuery(rawQuery, "limit", "after", "state", "isLive", "paymentMethod", "metadata[KEY]")
-	f := listFilter{Limit: int(q.whole("limit", 1, 100, 20)), State: stateActive, Metadata: map[string]string{}}
-	if v, ok := q.get("after"); ok {
-		if !validButtonID(v) {
-			q.fail("after", "must be a button id, the next of a previous page")
-		}
-		f.After = v
-	}
-	if v, ok := q.get("state"); ok {
-		if f.State = v; v == "all" {
-			f.State = ""
-		} else if v != stateActive && v != stateDeleted {
-			q.fail("state", `must be one of "active", "deleted", "all"`)
-		}
-	}
-	if v, ok := q.get("isLive"); ok {
-		if v != "true" && v != "false" {
-			q.fail("isLive", `must be "true" or "false"`)
-		}
-		f.IsLive = new(v == "true")
-	}
-	if v, ok := q.get("paymentMethod"); ok {
-		if methods := []string{providerName, "Stripe", "StripeConnect"}; !slices.Contains(methods, v) {
-			q.fail("paymentMethod", "must be one of "+quoted(methods))
-		}
-		f.PaymentMethod = v
-	}
-	for name := range q.values {
-		key := strings.TrimSuffix(strings.TrimPrefix(name, "metadata["), "]")
-		if v, ok := q.get(name); ok && key != name {
-			switch {
-			case !asciiIn(key, 1, maxMetadataKeyBytes, nameChars):
-				q.fail(name, fmt.Sprintf("must name a key of 1 to %d of A-Z a-z 0-9 _ - .", maxMetadataKeyBytes))
-			case q.text(name, v, maxMetadataRunes, unicode.IsControl, "control characters") && v != "":
-				f.Metadata[key] = v
-			default:
-				q.fail(name, fmt.Sprintf("must be a value of 1 to %d characters", maxMetadataRunes))
-			}
-		}
-	}
-	return f, invalid(q.problems)
-}
-
-// decodeHistoryQuery reads the history endpoint's query: limit (1 to 100, default 100) and after, the version a
-// previous page ended at.
-func decodeHistoryQuery(rawQuery string) (limit, after int64, err error) {
-	q := readQuery(rawQuery, "limit", "after")
-	return q.whole("limit", 1, 100, 100), q.whole("after", 0, math.MaxInt64, 0), invalid(q.problems)
-}
-
-// decodeChangesQuery reads the change feed's query: since (a changeSeq, 0 for everything), limit (1 to 100, default
-// 100) and wait (0 to 60 seconds).
-func decodeChangesQuery(rawQuery string) (since, limit int64, wait time.Duration, err error) {
-	q := readQuery(rawQuery, "since", "limit", "wait")
-	since, limit = q.whole("since", 0, math.MaxInt64, 0), q.whole("limit", 1, 100, 100)
-	return since, limit, time.Duration(q.whole("wait", 0, 60, 0)) * time.Second, invalid(q.problems)
-}
-
-// --- views ---
-
-// buttonView is a button as the API shows it: amounts as decimal text in the currency's minor unit, times in RFC
-// 3339 UTC, absent values as null.
-type buttonView struct {
-	ID                       string            `json:"id"`
-	ProductName              string            `json:"productName"`
-	Description              *string           `json:"description"`
-	Amount                   string            `json:"amount"`
-	Currency                 string            `json:"currency"`
-	BillingInterval          *string           `json:"billingInterval"`
-	PaymentMethod            string            `json:"paymentMethod"`
-	PaymentType              string            `json:"paymentType"`
-	IsLive                   bool              `json:"isLive"`
-	ApplicationFeePercentage *string           `json:"ApplicationFeePercentage"`
-	Metadata                 map[string]string `json:"metadata"`
-	State                    string            `json:"state"`
-	Version                  int64             `json:"version"`
-	ChangeSeq                int64             `json:"changeSeq"`
-	CreatedAt                timestamp         `json:"createdAt"`
-	UpdatedAt                timestamp         `json:"updatedAt"`
-	DeletedAt                timestamp         `json:"deletedAt"`
-}
-
-func viewOf(b button) buttonView {
-	orNil := func(s string) *string {
-		if s == "" {
-			return nil
-		}
-		return &s
-	}
-	fee := ""
-	if b.FeeBasisPoints != 0 {
-		fee = formatScaled(b.FeeBasisPoints, 2) // a percentage: 250 -> "2.50"
-	}
-	if b.Metadata == nil {
-		b.Metadata = metadata{} // shown as {}
-	}
-	return buttonView{ID: b.ID, ProductName: b.ProductName, Description: orNil(b.Description),
-		Amount: formatAmount(b.AmountMinor, b.Currency), Currency: b.Currency, BillingInterval: orNil(b.BillingInterval),
-		PaymentMethod: b.PaymentMethod, PaymentType: b.PaymentType, IsLive: b.IsLive, ApplicationFeePercentage: orNil(fee),
-		Metadata: b.Metadata, State: b.State, Version: b.Version, ChangeSeq: b.ChangeSeq,
-		CreatedAt: b.CreatedAt, UpdatedAt: b.UpdatedAt, DeletedAt: b.DeletedAt}
-}
-
-func viewsOf(buttons []button) []buttonView {
-	views := make([]buttonView, len(buttons))
-	for i, b := range buttons {
-		views[i] = viewOf(b)
-	}
-	return views
-}
-
-// formatAmount writes minor units of currency as decimal text with the currency's decimal places: "19.90" USD,
-// "500" JPY, "1.250" KWD (2 for a code no longer in the table).
-func formatAmount(minor int64, currency string) string {
-	exp, ok := currencyExponents[currency]
-	if !ok {
-		exp = 2
-	}
-	return formatScaled(minor, exp)
-}
-
-// formatScaled writes n / 10^exp with exp decimal places; n is never negative.
-func formatScaled(n int64, exp int) string {
-	text := fmt.Sprintf("%0*d", exp+1, n)
-	if exp == 0 {
-		return text
-	}
-	return text[:len(text)-exp] + "." + text[len(text)-exp:]
-}
-
-// readBody returns the request body once it has checked the media type (a missing Content-Type is read as JSON) and
-// the 64 KiB cap. A body announced as too large is refused before a byte of it is read.
-func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
-	if ct := r.Header.Get("Content-Type"); ct != "" {
-		mediaType, _, err := mime.ParseMediaType(ct)
-		if err != nil || (mediaType != "application/json" && !strings.HasSuffix(mediaType, "+json")) {
-			return nil, &apiError{code: "unsupported_media_type", message: "Content-Type must be application/json"}
-		}
-	}
-	tooLarge := &apiError{code: "payload_too_large", message: "body is larger than 64 KiB"}
-	if r.ContentLength > maxBodyBytes {
-		return nil, tooLarge
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
-	var maxErr *http.MaxBytesError
-	switch {
-	case errors.As(err, &maxErr):
-		return nil, tooLarge
-	case err != nil:
-		return nil, invalid(problems{"body": "could not be read"})
-	}
-	return body, nil
 }
 
 // --- envelope and errors ---
@@ -625,149 +373,168 @@ type envelope struct {
 // internalError is what a client sees of a bug.
 var internalError = []byte(`{"isSuccess":false,"data":"","message":"internal error","code":"internal"}`)
 
-// answer renders env, sent with status. An envelope that cannot be encoded becomes the internal error, logged.
-func (s *server) answer(r *http.Request, status int, env envelope) storedResponse {
+// render encodes env, to be sent with status. An envelope that cannot be encoded becomes the internal error, logged.
+func (s *server) render(r *http.Request, status int, env envelope) answer {
 	body, err := json.Marshal(env)
 	if err != nil {
 		s.log.Error("encode response", "requestId", requestID(r.Context()), "err", err)
-		return storedResponse{Status: http.StatusInternalServerError, Body: internalError}
+		return answer{Status: http.StatusInternalServerError, Body: internalError}
 	}
-	return storedResponse{Status: status, Body: body}
+	return answer{Status: status, Body: body}
 }
 
-func (s *server) writeJSON(w http.ResponseWriter, r *http.Request, status int, env envelope) {
-	s.send(w, r, s.answer(r, status, env), nil)
-}
-
-// errorEnvelope is the status and envelope of err. An error that is not an *apiError is a bug: the client reads
-// only "internal error".
-func errorEnvelope(err error) (int, envelope) {
+// renderError renders err with its status. An error that is not an *apiError is a bug: the client reads only
+// "internal error".
+func (s *server) renderError(r *http.Request, err error) answer {
 	var e *apiError
 	if !errors.As(err, &e) || statusOf[e.code] == 0 {
-		e = &apiError{code: "internal", message: "internal error"}
+		e = &apiError{code: codeInternal, message: "internal error"}
 	}
-	return statusOf[e.code], envelope{Data: "", Message: e.message, Code: e.code, Errors: e.fields}
+	return s.render(r, statusOf[e.code], envelope{Data: "", Message: e.message, Code: e.code, Errors: e.fields})
 }
 
 func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
-	status, env := errorEnvelope(err)
-	s.send(w, r, s.answer(r, status, env), err)
+	s.send(w, r, s.renderError(r, err), err)
 }
 
-// send writes a rendered answer. A 5xx is logged as an error with its cause, which the client never sees; a 503
-// says when to retry.
-func (s *server) send(w http.ResponseWriter, r *http.Request, answer storedResponse, err error) {
-	if err == errUnknownKey { // revoked since admit found it in memory, or unknown
-		s.goodKeys.Delete(sha256.Sum256([]byte(r.Header.Get("X-API-KEY"))))
-	}
-	if answer.Status >= 500 {
-		s.log.Error("request failed", "requestId", requestID(r.Context()), "status", answer.Status, "err", err)
-	}
-	if answer.Status == http.StatusServiceUnavailable {
-		w.Header().Set("Retry-After", "1")
-	}
-	w.WriteHeader(answer.Status)
-	w.Write(answer.Body)
+// writeData answers 200 with data; a version, when not 0, goes in the ETag.
+func (s *server) writeData(w http.ResponseWriter, r *http.Request, data any, version int64) {
+	a := s.render(r, http.StatusOK, envelope{IsSuccess: true, Data: data, Message: "ok"})
+	a.Version = version
+	s.send(w, r, a, nil)
 }
 
-// --- wrappers ---
+// send writes a rendered answer, err being what it answers. A 429 or 503 says when to retry; a 5xx is logged as an
+// error with its cause, which the client never sees.
+func (s *server) send(w http.ResponseWriter, r *http.Request, a answer, err error) {
+	if a.Version > 0 {
+		w.Header().Set("ETag", strconv.Quote(strconv.FormatInt(a.Version, 10)))
+	}
+	if e := (*apiError)(nil); errors.As(err, &e) && (e.code == codeRateLimited || e.code == codeUnavailable) {
+		w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(e.retry.Seconds()))))) // whole seconds
+	}
+	if a.Status >= 500 {
+		s.log.Error("request failed", "requestId", requestID(r.Context()), "status", a.Status, "err", err)
+	}
+	w.WriteHeader(a.Status)
+	w.Write(a.Body)
+}
 
-// keyed admits the request's key and, for a write, its scope before h runs, and so before any body is read.
+// --- authentication and limits ---
+
+// keyed runs h once the request's key is admitted, before any body is read; else it answers why not.
 func (s *server) keyed(write bool, h func(w http.ResponseWriter, r *http.Request, who actor)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if key, ok := s.admit(w, r, write, s.store.authenticate); ok {
+		if key, err := s.admit(r, write); err != nil {
+			s.writeError(w, r, err)
+		} else {
 			h(w, r, actor{Account: key.Account, KeyID: key.ID, RequestID: requestID(r.Context())})
 		}
 	}
 }
 
-// admit looks up the request's X-API-KEY with lookup. It answers 401 for a missing, unknown or revoked key, 429
-// once the client's address has failed too often (without a lookup, unless the key is one that has authenticated),
-// 403 for a read-only key on a write, and 429 for a key over its rate limit; else it names the key in the access
-// line and lets the request go on.
-func (s *server) admit(w http.ResponseWriter, r *http.Request, write bool,
-	lookup func(ctx context.Context, secret string) (apiKey, error)) (apiKey, bool) {
-	refuse := func(err error, wait time.Duration) (apiKey, bool) {
-		if wait > 0 { // a Retry-After of whole seconds, at least one
-			w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(wait.Seconds())))))
-		}
-		s.writeError(w, r, err)
-		return apiKey{}, false
-	}
+// admit returns the live key the request's X-API-KEY names. It fails with 429 once the client's address has failed
+// authentication too often (without a lookup), 401 for a missing, unknown or revoked key, 403 for a read-only key on
+// a write, and 429 for a key over its rate limit.
+func (s *server) admit(r *http.Request, write bool) (apiKey, error) {
 	secret := r.Header.Get("X-API-KEY")
-	hash := sha256.Sum256([]byte(secret))
-	cached, known := s.goodKeys.Load(hash)
-	if host, _, _ := net.SplitHostPort(r.RemoteAddr); !known {
-		if ok, wait := s.failures.allow(host, time.Now()); !ok && !s.isLiveKey(r.Context(), hash) {
-			// Held for its Retry-After: a flood that waits for answers costs a request a connection a second.
-			select {
-			case <-time.After(time.Duration(math.Ceil(wait.Seconds())) * time.Second):
-			case <-r.Context().Done():
-			}
-			return refuse(&apiError{code: "rate_limited",
-				message: "too many requests without a valid API key from this address; retry later"}, wait)
+	if host, _, _ := net.SplitHostPort(r.RemoteAddr); !s.knownKeys.has(r.Context(), s.store, secret) {
+		if ok, wait := s.failures.allow(host, time.Now()); !ok {
+			return apiKey{}, &apiError{code: codeRateLimited, retry: wait,
+				message: "too many requests without a valid API key from this address; retry later"}
 		}
 	}
 	if secret == "" {
-		return refuse(&apiError{code: "unauthorized", message: "the X-API-KEY header is required"}, 0)
+		return apiKey{}, &apiError{code: codeUnauthorized, message: "the X-API-KEY header is required"}
 	}
-	key, _ := cached.(apiKey)
-	if !known || !write { // a write's key is looked up again in its own transaction (store.go, writeAnswered)
-		var err error
-		if key, err = lookup(r.Context(), secret); err != nil {
-			return refuse(err, 0)
-		}
-		s.goodKeys.LoadOrStore(hash, key) // a known key costs no store: reads repeat it on every request
+	key, err := s.store.authenticate(r.Context(), secret)
+	if err != nil {
+		return apiKey{}, err
 	}
 	if info, _ := r.Context().Value(requestInfoKey{}).(*requestInfo); info != nil {
-		info.keyID = key.ID
+		info.keyID = key.ID // for the access line
 	}
 	if write && key.ReadOnly {
-		return refuse(&apiError{code: "forbidden", message: "this API key is read-only"}, 0)
+		return apiKey{}, &apiError{code: codeForbidden, message: "this API key is read-only"}
 	}
 	if ok, wait := s.limiter.allow(key.ID, time.Now()); !ok {
-		return refuse(&apiError{code: "rate_limited", message: "too many requests for this API key; retry later"}, wait)
+		return apiKey{}, &apiError{code: codeRateLimited, message: "too many requests for this API key; retry later",
+			retry: wait}
 	}
-	return key, true
+	return key, nil
 }
 
-// share answers queryErr, the problems of the request's query string, if there are any, and returns false. Else it
-// waits for one of the account's 2 shares of the 4 reader connections, so that one account's reads queue behind each
-// other and never take every connection (and both cores) from the others. After 5 s it answers unavailable.
-func (s *server) share(w http.ResponseWriter, r *http.Request, account string, queryErr error) (
-	release func(), ok bool) {
-	if queryErr != nil {
-		s.writeError(w, r, queryErr)
-		return nil, false
-	}
-	v, _ := s.shares.LoadOrStore(account, make(chan struct{}, 2))
-	select {
-	case v.(chan struct{}) <- struct{}{}:
-		return func() { <-v.(chan struct{}) }, true
-	case <-time.After(5 * time.Second):
-		s.writeError(w, r, &apiError{code: "unavailable", message: "this account's reads are queued too deep; retry shortly"})
-	case <-r.Context().Done():
-		s.writeError(w, r, classify(r.Context().Err()))
-	}
-	return nil, false
+// knownKeys holds the SHA-256 of every key in the database, read again at most once a second when asked about one
+// it lacks. It spares those keys the failed-authentication limit, so that a valid key keeps working from an address
+// that floods the server with bad ones; whether a key is live is for authenticate alone to say.
+type knownKeys struct {
+	mu     sync.Mutex
+	hashes map[[sha256.Size]byte]bool
+	read   time.Time
 }
 
-// isLiveKey reloads the hashes of the live keys, at most once a second, and reports whether hash is one: a valid
-// key that has not been used since the server started still works from an address that floods it with bad ones.
-func (s *server) isLiveKey(ctx context.Context, hash [sha256.Size]byte) bool {
-	if last := s.keysLoaded.Load(); time.Since(time.Unix(0, last)) > time.Second &&
-		s.keysLoaded.CompareAndSwap(last, time.Now().UnixNano()) {
-		live, _ := s.store.liveKeys(ctx)
-		for _, k := range live {
-			s.goodKeys.Store([sha256.Size]byte(k.Hash), k)
+func (k *knownKeys) has(ctx context.Context, st storage, secret string) bool {
+	hash := sha256.Sum256([]byte(secret))
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !k.hashes[hash] && time.Since(k.read) > time.Second {
+		k.read = time.Now()
+		if keys, err := st.listKeys(ctx); err == nil {
+			k.hashes = map[[sha256.Size]byte]bool{}
+			for _, key := range keys {
+				k.hashes[[sha256.Size]byte(key.Hash)] = true
+			}
 		}
 	}
-	_, live := s.goodKeys.Load(hash)
-	return live
+	return k.hashes[hash]
 }
 
-// requestInfo is what the access line says of a request beyond what the request itself holds; the wrappers fill it
-// in as they learn it.
+// rateLimiter is a token bucket per key (an API key's id, or an address): rate tokens a second up to burst. A rate
+// of 0 turns it off.
+type rateLimiter struct {
+	rate, burst float64
+	mu          sync.Mutex
+	buckets     map[string]*tokenBucket
+}
+
+type tokenBucket struct {
+	tokens float64
+	at     time.Time
+}
+
+func newRateLimiter(rate float64, burst int) *rateLimiter {
+	return &rateLimiter{rate: rate, burst: float64(burst), buckets: map[string]*tokenBucket{}}
+}
+
+// allow takes a token from key's bucket; when there is none it says how long until there will be. Buckets that have
+// filled up again are forgotten once there are many, so that many addresses cannot grow the map without bound.
+func (l *rateLimiter) allow(key string, t time.Time) (bool, time.Duration) {
+	if l.rate <= 0 {
+		return true, 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.buckets) > 10_000 {
+		maps.DeleteFunc(l.buckets, func(_ string, b *tokenBucket) bool {
+			return b.tokens+t.Sub(b.at).Seconds()*l.rate >= l.burst
+		})
+	}
+	b, ok := l.buckets[key]
+	if !ok {
+		b = &tokenBucket{tokens: l.burst, at: t}
+		l.buckets[key] = b
+	}
+	b.tokens, b.at = min(l.burst, b.tokens+t.Sub(b.at).Seconds()*l.rate), t
+	if b.tokens >= 1 {
+		b.tokens--
+		return true, 0
+	}
+	return false, time.Duration((1 - b.tokens) / l.rate * float64(time.Second))
+}
+
+// --- what every request goes through ---
+
+// requestInfo is what the access line says of a request beyond what the request itself holds.
 type requestInfo struct{ id, keyID string }
 
 type requestInfoKey struct{}
@@ -842,5 +609,153 @@ func (w *recordingWriter) Write(b []byte) (int, error) {
 	return n, err
 }
 
-// Unwrap lets http.ResponseController reach the connection.
-func (w *recordingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+// readBody returns the request body once it has checked the media type (a missing Content-Type is read as JSON) and
+// the 64 KiB cap. A body announced as too large is refused before a byte of it is read.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	const maxBodyBytes = 64 << 10
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mediaType, _, err := mime.ParseMediaType(ct)
+		if err != nil || (mediaType != "application/json" && !strings.HasSuffix(mediaType, "+json")) {
+			return nil, &apiError{code: codeMediaType, message: "Content-Type must be application/json"}
+		}
+	}
+	tooLarge := &apiError{code: codeTooLarge, message: "body is larger than 64 KiB"}
+	if r.ContentLength > maxBodyBytes {
+		return nil, tooLarge
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	var maxErr *http.MaxBytesError
+	switch {
+	case errors.As(err, &maxErr):
+		return nil, tooLarge
+	case err != nil:
+		return nil, invalid(problems{"body": "could not be read"})
+	}
+	return body, nil
+}
+
+// --- views ---
+
+// buttonView is a button as the API shows it: amounts as decimal text in the currency's minor unit, times in RFC
+// 3339 UTC, absent values as null.
+type buttonView struct {
+	ID                       string            `json:"id"`
+	ProductName              string            `json:"productName"`
+	Description              *string           `json:"description"`
+	Amount                   string            `json:"amount"`
+	Currency                 string            `json:"currency"`
+	BillingInterval          *string           `json:"billingInterval"`
+	PaymentMethod            string            `json:"paymentMethod"`
+	PaymentType              string            `json:"paymentType"`
+	IsLive                   bool              `json:"isLive"`
+	ApplicationFeePercentage *string           `json:"ApplicationFeePercentage"`
+	Metadata                 map[string]string `json:"metadata"`
+	State                    string            `json:"state"`
+	Version                  int64             `json:"version"`
+	ChangeSeq                int64             `json:"changeSeq"`
+	CreatedAt                timestamp         `json:"createdAt"`
+	UpdatedAt                timestamp         `json:"updatedAt"`
+	DeletedAt                timestamp         `json:"deletedAt"`
+}
+
+func viewOf(b button) buttonView {
+	orNil := func(s string) *string {
+		if s == "" {
+			return nil
+		}
+		return &s
+	}
+	fee := ""
+	if b.FeeBasisPoints != 0 {
+		fee = formatScaled(b.FeeBasisPoints, 2) // a percentage: 250 -> "2.50"
+	}
+	if b.Metadata == nil {
+		b.Metadata = metadata{} // shown as {}
+	}
+	return buttonView{ID: b.ID, ProductName: b.ProductName, Description: orNil(b.Description),
+		Amount: formatAmount(b.AmountMinor, b.Currency), Currency: b.Currency, BillingInterval: orNil(b.BillingInterval),
+		PaymentMethod: b.PaymentMethod, PaymentType: b.PaymentType, IsLive: b.IsLive, ApplicationFeePercentage: orNil(fee),
+		Metadata: b.Metadata, State: b.State, Version: b.Version, ChangeSeq: b.ChangeSeq,
+		CreatedAt: b.CreatedAt, UpdatedAt: b.UpdatedAt, DeletedAt: b.DeletedAt}
+}
+
+func viewsOf(buttons []button) []buttonView {
+	views := make([]buttonView, len(buttons))
+	for i, b := range buttons {
+		views[i] = viewOf(b)
+	}
+	return views
+}
+
+// --- metrics ---
+
+// metrics counts each route pattern's requests by status, and their durations, for /metrics. Labels never hold an
+// account, a key or a button id.
+type metrics struct {
+	mu     sync.Mutex
+	routes map[string]*routeMetrics
+}
+
+type routeMetrics struct {
+	statuses  map[int]int64
+	durations [len(durationBounds) + 1]int64 // counts[i] up to durationBounds[i], the last above them all
+	seconds   float64
+}
+
+// durationBounds are the request duration histogram's buckets, in seconds.
+var durationBounds = [...]float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10}
+
+func (m *metrics) observe(route string, status int, d time.Duration) {
+	route = cmp.Or(route, "unmatched")
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.routes[route] == nil {
+		m.routes[route] = &routeMetrics{statuses: map[int]int64{}}
+	}
+	rm := m.routes[route]
+	rm.statuses[status]++
+	i, _ := slices.BinarySearch(durationBounds[:], d.Seconds())
+	rm.durations[i]++
+	rm.seconds += d.Seconds()
+}
+
+// write writes m and st's statistics in the Prometheus text exposition format. It formats into a buffer: a slow
+// reader must not hold the lock every request takes.
+func (m *metrics) write(w io.Writer, st storage) {
+	var out bytes.Buffer
+	series := func(name, kind, help string) {
+		fmt.Fprintf(&out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, kind)
+	}
+	m.mu.Lock()
+	routes := slices.Sorted(maps.Keys(m.routes))
+	series("paybuttons_http_requests_total", "counter", "Requests answered, by route pattern and status code.")
+	for _, route := range routes {
+		statuses := m.routes[route].statuses
+		for _, status := range slices.Sorted(maps.Keys(statuses)) {
+			fmt.Fprintf(&out, "paybuttons_http_requests_total{route=%q,code=\"%d\"} %d\n", route, status, statuses[status])
+		}
+	}
+	const duration = "paybuttons_http_request_duration_seconds"
+	series(duration, "histogram", "Time to answer a request, by route pattern.")
+	for _, route := range routes {
+		var total int64 // the buckets are cumulative
+		for i, n := range m.routes[route].durations {
+			le := "+Inf"
+			if total += n; i < len(durationBounds) {
+				le = strconv.FormatFloat(durationBounds[i], 'g', -1, 64)
+			}
+			fmt.Fprintf(&out, "%s_bucket{route=%q,le=%q} %d\n", duration, route, le, total)
+		}
+		fmt.Fprintf(&out, "%s_sum{route=%q} %g\n%s_count{route=%q} %d\n", duration, route, m.routes[route].seconds,
+			duration, route, total)
+	}
+	m.mu.Unlock()
+	commits, writes, size := st.stats()
+	series("paybuttons_db_commits_total", "counter", "Transactions the writer committed.")
+	fmt.Fprintf(&out, "paybuttons_db_commits_total %d\n", commits)
+	series("paybuttons_db_writes_total", "counter", "Writes committed; over the commits, the mean batch.")
+	fmt.Fprintf(&out, "paybuttons_db_writes_total %d\n", writes)
+	series("paybuttons_db_size_bytes", "gauge", "Size of the database file.")
+	fmt.Fprintf(&out, "paybuttons_db_size_bytes %d\n", size)
+	w.Write(out.Bytes())
+}

@@ -60,7 +60,7 @@ func serveStore(t testing.TB, st *store, cfg config) string {
 	srv := httptest.NewServer(newServer(st, slog.New(slog.DiscardHandler), cfg))
 	t.Cleanup(func() {
 		srv.Close()
-		if err := st.close(); err != nil {
+		if err := st.close(false); err != nil {
 			t.Errorf("close store: %v", err)
 		}
 	})

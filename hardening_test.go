@@ -51,8 +51,8 @@ func TestRemovedWALRefusesWritesAndSIGTERMSavesThem(t *testing.T) {
 	}
 }
 
-// Failed authentication is limited per client address: past a burst of 100, a request without a valid key waits
-// out its Retry-After, then gets 429; a valid key keeps working from that address at once. Connections past
+// Failed authentication is limited per client address: past a burst of 100, a request without a valid key
+// gets 429 at once; a valid key keeps working from that address at once. Connections past
 // -max-conns are closed at once.
 func TestFailedAuthenticationAndConnectionsAreLimited(t *testing.T) {
 	e := newTestServer(t)
@@ -63,9 +63,9 @@ func TestFailedAuthenticationAndConnectionsAreLimited(t *testing.T) {
 		start = time.Now()
 		r = e.do("GET", "/product-payment/list", fmt.Sprint("pbk_wrong", failed), "")
 	}
-	if held := time.Since(start); failed < 100 || r.status != 429 || r.header.Get("Retry-After") != "1" || held < 900*time.Millisecond {
-		t.Errorf("unknown keys: got %d 401s, then %d with Retry-After %q after %v; want 100 or more, then 429 held 1 s",
-			failed, r.status, r.header.Get("Retry-After"), held)
+	if took := time.Since(start); failed < 100 || r.status != 429 || r.header.Get("Retry-After") != "1" || took > 500*time.Millisecond {
+		t.Errorf("unknown keys: got %d 401s, then %d with Retry-After %q after %v; want 100 or more, then 429 at once",
+			failed, r.status, r.header.Get("Retry-After"), took)
 	}
 	start = time.Now()
 	e.do("GET", "/product-payment/list", e.key, "").want(t, 200, "") // the same address, a valid key
@@ -186,7 +186,7 @@ func TestKilledBackupLeavesNoHalfFile(t *testing.T) {
 	e := newTestServer(t)
 	err := e.store.write(context.Background(), func(tx *writeTx) error { // 20 MB to copy
 		_, err := tx.exec(`WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 19999)
-			INSERT INTO idempotency_keys SELECT 'acme', i, x'00', 200, randomblob(1000), '2099' FROM n`)
+			INSERT INTO idempotency_keys SELECT 'acme', i, x'00', 200, randomblob(1000), '2099', 0 FROM n`)
 		return err
 	})
 	if err != nil {

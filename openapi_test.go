@@ -253,8 +253,8 @@ var queryDecoders = map[string]func(string) (any, error){
 		return []any{limit, after}, err
 	},
 	"/product-payment/changes": func(q string) (any, error) {
-		since, limit, wait, err := decodeChangesQuery(q)
-		return []any{since, limit, wait}, err
+		since, limit, err := decodeChangesQuery(q)
+		return []any{since, limit}, err
 	},
 }
 
@@ -333,7 +333,7 @@ func TestOpenAPIMatchesTheCode(t *testing.T) {
 		sameSet(t, name+" properties", sortedKeys(schema(name, "properties")), jsonNames(view))
 		sameSet(t, name+" required", strs(schema(name)["required"]), jsonNames(view))
 	}
-	params := map[string][]string{"/product-payment/changes": {"since", "limit", "wait"},
+	params := map[string][]string{"/product-payment/changes": {"since", "limit"},
 		"/product-payment/list":         {"limit", "after", "state", "isLive", "paymentMethod", "metadata"},
 		"/product-payment/history/{id}": {"limit", "after"}}
 	for path, decode := range queryDecoders {

@@ -8,8 +8,8 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"math/bits"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,27 +20,26 @@ import (
 
 // storage is every operation the handlers use. An expected outcome is an *apiError; any other error is a fault.
 type storage interface {
-	authenticate(ctx context.Context, secret string) (apiKey, error)                 // or errUnknownKey
-	liveKeys(ctx context.Context) ([]apiKey, error)                                  // the keys not revoked
-	getButtonWithKey(ctx context.Context, secret, id string) (apiKey, button, error) // one query for both
-	listButtons(ctx context.Context, account string, f listFilter) (page []button, scanEnd string, err error)
-	buttonHistory(ctx context.Context, account, id string, after, limit int64) ([]historyEntry, int64, error)
-	changes(ctx context.Context, account string, since, limit int64) ([]button, error) // by changeSeq
-	watch(account string) <-chan struct{}                                              // closed at its next change
+	authenticate(ctx context.Context, secret string) (apiKey, error) // the live key, or errUnknownKey: the one judge
+	listKeys(ctx context.Context) ([]apiKey, error)                  // every key, revoked ones too
+	getButton(ctx context.Context, account, id string) (button, error)
+	listButtons(ctx context.Context, account string, f listFilter) (page []button, next string, err error)
+	buttonHistory(ctx context.Context, account, id string, after, limit int64) (page []historyEntry, more bool, err error)
+	changes(ctx context.Context, account string, since, limit int64) (page []button, more bool, err error)
 
-	// The writes. ifMatch, when not 0, is the version the caller last saw; action is "update" (made by edit),
-	// "delete" or "restore".
+	// The writes, each with its answer when who has an Idempotency-Key. ifMatch, when not 0, is the version the
+	// caller last saw; action is "update" (made by edit), "delete" or "restore".
 	createButton(ctx context.Context, who actor, b button) (outcome, error)
 	changeButton(ctx context.Context, who actor, id string, ifMatch int64, action string,
 		edit func(*button) error) (outcome, error)
-	reject(ctx context.Context, who actor, refusal error) error                      // once the key is checked
-	findResponse(ctx context.Context, who actor, key string) (storedResponse, error) // while the key is live
+	keepRefusal(ctx context.Context, who actor, refusal error) error // the answer to a write refused before it ran
+	findAnswer(ctx context.Context, account, key string) (answer, error)
 
-	ping(ctx context.Context) error                           // reads every table; fails while writes are refused
-	stats() (commits, ops int64, batches []int64, size int64) // for /metrics
+	ping(ctx context.Context) error // fails while writes are refused or the database does not answer
+	stats() (commits, writes, size int64)
 }
 
-// The commands use openStore, close, createKey, listKeys and revokeKey; backup and check (main.go) use ownVersion.
+// The commands use openStore, close, createKey and revokeKey; backup and check (main.go) use ownVersion.
 
 const (
 	maxBatch       = 256            // writes that share one transaction and one fsync
@@ -66,19 +65,17 @@ type store struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	wal   os.FileInfo              // the WAL file SQLite opened
-	fault atomic.Pointer[apiError] // set for good once that file is gone: writes are refused
+	wal     os.FileInfo              // the WAL file SQLite opened
+	fault   atomic.Pointer[apiError] // set for good once that file is gone or SQLite finds the database damaged
+	failing atomic.Bool              // the last commit failed: ping tries a write until one succeeds
 
 	lastUsedSaved sync.Map // key id -> time last_used_at was written: at most once a minute
 
-	watchMu  sync.Mutex
-	watchers map[string]chan struct{} // account -> closed at its next committed change
-
-	ops     atomic.Int64    // writes committed
-	batches [9]atomic.Int64 // commits of up to 1, 2, 4, ... 256 writes
+	commits, committed atomic.Int64 // transactions, and the writes in them
 }
 
-// statements prepares each SQL text once and keeps it: parsing costs SQLite as much as running it.
+// statements prepares each SQL text once and keeps it: parsing costs SQLite as much as running it. Only texts that
+// are constants go through it; a text built from a request (list's filters) would grow it without bound.
 type statements struct {
 	db interface {
 		PrepareContext(ctx context.Context, query string) (*sql.Stmt, error)
@@ -141,33 +138,34 @@ func (c *statements) close() {
 type writeTx struct {
 	statements
 	conn      *sql.Conn
-	committed int64           // the last changeSeq committed
-	seq       int64           // the last changeSeq this batch gave out
-	changed   []string        // the accounts this batch changes
-	liveKeys  map[string]bool // key id -> whether it is live, for the keys this batch has looked up
+	committed int64 // the last changeSeq committed
+	seq       int64 // the last changeSeq this batch gave out
 }
 
-// nextChange gives a change to one of account's buttons the next changeSeq.
-func (tx *writeTx) nextChange(account string) int64 {
-	tx.seq++
-	tx.changed = append(tx.changed, account)
+// nextChange gives a change the next changeSeq: above the last, and never below the time in microseconds, so that a
+// database restored from a backup gives every later change a number above any a client was given before.
+func (tx *writeTx) nextChange() int64 {
+	tx.seq = max(tx.seq+1, time.Now().UnixMicro())
 	return tx.seq
 }
 
-// openStore opens (creating if needed) the database at path, migrates it and starts the writer. It fails if the
-// directory does not exist, or the file is not a paybuttons database this binary knows.
+// sqliteURI names the file at path with params for the driver, the path escaped: a '?' or '#' in it is part of the
+// name, never the start of parameters.
+func sqliteURI(path, params string) string {
+	return "file:" + strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23").Replace(path) + "?" + params
+}
+
+// openStore opens (creating if needed) the database file at path (see dbFile), migrates it and starts the writer.
+// It fails if the file cannot be written, or is not a paybuttons database this binary knows.
 func openStore(path string) (*store, error) {
-	if err := checkDir(path); err != nil {
-		return nil, err
-	}
 	// Pragmas live in the DSN, so that every pooled connection gets them. The writer checkpoints every 4000 WAL
 	// pages, not 1000: fewer, larger checkpoints cost it less (README, Performance).
-	const common = "?_pragma=busy_timeout(5000)"
-	writer, _ := sql.Open("sqlite", path+common+ // sql.Open fails only for an unknown driver
-		"&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=wal_autocheckpoint(4000)&_txlock=immediate")
+	const common = "_pragma=busy_timeout(5000)"
+	writer, _ := sql.Open("sqlite", sqliteURI(path, common+ // sql.Open fails only for an unknown driver
+		"&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=wal_autocheckpoint(4000)&_txlock=immediate"))
 	writer.SetMaxOpenConns(1)
 	s := &store{path: path, writer: writer, writes: make(chan writeOp), quit: make(chan struct{}),
-		stopped: make(chan struct{}), watchers: map[string]chan struct{}{}}
+		stopped: make(chan struct{})}
 	conn, err := writer.Conn(context.Background())
 	if err == nil {
 		s.tx = &writeTx{conn: conn, statements: statements{db: conn}}
@@ -179,9 +177,9 @@ func openStore(path string) (*store, error) {
 		writer.Close()
 		return nil, fmt.Errorf("database %q: %w", path, describeOpenError(err))
 	}
-	s.wal, _ = os.Stat(path + "-wal") // the migration's read opened it
-	s.reader, _ = sql.Open("sqlite", path+common+"&_pragma=query_only(1)")
-	s.health, _ = sql.Open("sqlite", path+common+"&_pragma=query_only(1)")
+	s.wal, _ = os.Stat(path + "-wal") // the migration opened it
+	s.reader, _ = sql.Open("sqlite", sqliteURI(path, common+"&_pragma=query_only(1)"))
+	s.health, _ = sql.Open("sqlite", sqliteURI(path, common+"&_pragma=query_only(1)"))
 	s.reads = statements{db: s.reader}
 	s.reader.SetMaxOpenConns(4) // each keeps its own page cache (2 MB); four keep two cores busy
 	s.reader.SetMaxIdleConns(4)
@@ -190,20 +188,24 @@ func openStore(path string) (*store, error) {
 	return s, nil
 }
 
-// close stops the writer, checkpoints the WAL into the main file and closes every connection. A checkpoint another
-// process's reader (Litestream) keeps from finishing gets a second, then errCheckpointBusy.
-func (s *store) close() error {
+// close stops the writer and closes every connection. With checkpoint (a server that stops) it first copies the WAL
+// into the main file; a checkpoint that another process's reader (Litestream) keeps from finishing gets a second,
+// then errCheckpointBusy. The commands never checkpoint: a server or Litestream may be using the file.
+func (s *store) close(checkpoint bool) error {
 	s.closeOnce.Do(func() {
 		close(s.quit)
 		<-s.stopped
 		ctx := context.Background()
-		var busy, walPages, moved int
-		_, err := s.tx.conn.ExecContext(ctx, "PRAGMA busy_timeout = 1000")
-		if err == nil {
-			err = s.tx.conn.QueryRowContext(ctx, "PRAGMA wal_checkpoint(TRUNCATE)").Scan(&busy, &walPages, &moved)
-		}
-		if err == nil && busy != 0 {
-			err = errCheckpointBusy
+		var err error
+		if checkpoint {
+			var busy, walPages, moved int
+			_, err = s.tx.conn.ExecContext(ctx, "PRAGMA busy_timeout = 1000")
+			if err == nil {
+				err = s.tx.conn.QueryRowContext(ctx, "PRAGMA wal_checkpoint(TRUNCATE)").Scan(&busy, &walPages, &moved)
+			}
+			if err == nil && busy != 0 {
+				err = errCheckpointBusy
+			}
 		}
 		s.tx.statements.close()
 		s.reads.close()
@@ -215,8 +217,8 @@ func (s *store) close() error {
 var errCheckpointBusy = errors.New("the WAL was not checkpointed: another process is reading it " +
 	"(nothing is lost: the next start applies it)")
 
-// migrations are applied in order, each in its own transaction; PRAGMA user_version counts them. Never edit one
-// that has shipped: add the next.
+// migrations are applied in order at every start; PRAGMA user_version counts them. Never edit one that has shipped:
+// add the next.
 var migrations = []string{
 	// 1: keys and buttons.
 	`CREATE TABLE api_keys (
@@ -303,6 +305,9 @@ var migrations = []string{
 	INSERT INTO change_counter SELECT count(*) FROM buttons;
 	CREATE INDEX buttons_by_change ON buttons (account, change_seq);
 	PRAGMA application_id = 1885500788;`,
+
+	// 4: the version an answer kept for an Idempotency-Key sends as its ETag (0: none).
+	`ALTER TABLE idempotency_keys ADD COLUMN version INTEGER NOT NULL DEFAULT 0;`,
 }
 
 // ownVersion returns the schema version of a paybuttons database: with our application_id, an earlier paybuttons'
@@ -321,25 +326,30 @@ func ownVersion(ctx context.Context, db interface {
 	return version, describeOpenError(err)
 }
 
-// migrate brings the schema of a paybuttons database up to date; a newer schema is an error.
+// migrate brings the schema of a paybuttons database up to date in one transaction, which reads the version it
+// starts from under the write lock: two processes that open a new file at once both succeed. A newer schema, or a
+// file this process cannot write, is an error.
 func migrate(conn *sql.Conn) error {
 	ctx := context.Background()
-	version, err := ownVersion(ctx, conn)
-	switch {
-	case err != nil:
+	tx, err := conn.BeginTx(ctx, nil) // BEGIN IMMEDIATE (_txlock): a read-only file fails here
+	if err != nil {
 		return err
-	case version > len(migrations):
-		return fmt.Errorf("schema version %d is newer than this paybuttons knows (%d)", version, len(migrations))
 	}
-	for ; version < len(migrations); version++ {
-		_, err := conn.ExecContext(ctx, fmt.Sprintf("BEGIN IMMEDIATE;\n%s;\nPRAGMA user_version = %d;\nCOMMIT",
-			migrations[version], version+1))
+	defer tx.Rollback()
+	version, err := ownVersion(ctx, tx)
+	if err == nil && version > len(migrations) {
+		err = fmt.Errorf("schema version %d is newer than this paybuttons knows (%d)", version, len(migrations))
+	}
+	for ; err == nil && version < len(migrations); version++ {
+		_, err = tx.ExecContext(ctx, fmt.Sprintf("%s;\nPRAGMA user_version = %d", migrations[version], version+1))
 		if err != nil {
-			conn.ExecContext(ctx, "ROLLBACK") // fails harmlessly when SQLite has rolled back already
-			return fmt.Errorf("migration %d: %w", version+1, describeOpenError(err))
+			err = fmt.Errorf("migration %d: %w", version+1, describeOpenError(err))
 		}
 	}
-	return nil
+	if err != nil {
+		return err
+	}
+	return tx.Commit()
 }
 
 // describeOpenError turns SQLite's first complaint about a file into a sentence.
@@ -362,18 +372,40 @@ func sqliteCode(err error) int {
 	return 0
 }
 
-// classify turns the faults a client should retry (busy past busy_timeout, a full disk, no connection in time) into
-// unavailable, and a client that went away into canceled; the rest it leaves alone.
-func classify(err error) error {
+// check turns the faults a client should retry (busy past busy_timeout, a full disk, no connection in time) into
+// unavailable, and a client that went away into canceled; the rest it leaves alone. A damaged file refuses writes
+// from then on.
+func (s *store) check(err error) error {
 	switch code := sqliteCode(err); {
+	case code == sqlite3.SQLITE_CORRUPT || code == sqlite3.SQLITE_NOTADB:
+		s.fault.CompareAndSwap(nil, &apiError{code: codeUnavailable, message: "the database refuses writes; see the server's log",
+			cause: fmt.Errorf("SQLite found the database damaged (%w): stop the server, run `paybuttons check`, and "+
+				"restore it from a backup if check finds it damaged", err)})
+		return s.fault.Load()
 	case code == sqlite3.SQLITE_FULL:
-		return &apiError{code: "unavailable", message: "the server's disk is full; retry later", cause: err}
+		return &apiError{code: codeUnavailable, message: "the server's disk is full; retry later", cause: err}
 	case code == sqlite3.SQLITE_BUSY || code == sqlite3.SQLITE_LOCKED || errors.Is(err, context.DeadlineExceeded):
-		return &apiError{code: "unavailable", message: "the database is busy; retry shortly", cause: err}
+		return &apiError{code: codeUnavailable, message: "the database is busy; retry shortly", cause: err}
 	case errors.Is(err, context.Canceled):
-		return &apiError{code: "canceled", message: "the client went away", cause: err}
+		return &apiError{code: codeCanceled, message: "the client went away", cause: err}
 	}
 	return err
+}
+
+// refusing returns the fault for which every write is refused, once the WAL file is gone or not the one SQLite has
+// open (an acknowledged write would be lost at the next start) or the file is damaged; nil while there is none.
+func (s *store) refusing() error {
+	if info, err := os.Stat(s.path + "-wal"); s.wal != nil && (err != nil || !os.SameFile(info, s.wal)) {
+		s.fault.CompareAndSwap(nil, &apiError{code: codeUnavailable,
+			message: "the database refuses writes; see the server's log",
+			cause: fmt.Errorf("the WAL file %s-wal was removed or replaced while the server ran: writes are refused, "+
+				"since the next start would lose them. Stop the server with SIGTERM: its checkpoint saves what "+
+				"the old WAL holds into the database", s.path)})
+	}
+	if err := s.fault.Load(); err != nil {
+		return err
+	}
+	return nil
 }
 
 // --- the writer ---
@@ -393,7 +425,7 @@ func (s *store) write(ctx context.Context, fn func(tx *writeTx) error) error {
 	case s.writes <- op:
 		return <-op.done
 	case <-ctx.Done():
-		return classify(ctx.Err())
+		return s.check(ctx.Err())
 	case <-s.quit:
 		return errClosed
 	}
@@ -434,11 +466,11 @@ func (s *store) runWriter() {
 }
 
 // commit runs batch in one IMMEDIATE transaction (the write lock taken at once, waiting up to busy_timeout for
-// another process). It succeeds or fails as a unit, then wakes whoever watches the accounts it changed.
+// another process). It succeeds or fails as a unit.
 func (s *store) commit(batch []writeOp) error {
 	tx := s.tx
-	tx.seq, tx.changed, tx.liveKeys = tx.committed, tx.changed[:0], map[string]bool{}
-	err := s.checkWAL()
+	tx.seq = tx.committed
+	err := s.refusing()
 	if err == nil {
 		_, err = tx.exec("BEGIN IMMEDIATE")
 	}
@@ -453,67 +485,42 @@ func (s *store) commit(batch []writeOp) error {
 	if err == nil {
 		_, err = tx.exec("COMMIT")
 	}
+	s.failing.Store(err != nil && sqliteCode(err) != sqlite3.SQLITE_BUSY) // busy: another process writes, as it may
 	if err != nil {
 		tx.exec("ROLLBACK") // fails harmlessly when SQLite has rolled back already
-		return classify(err)
+		return s.check(err)
 	}
 	tx.committed = tx.seq
-	s.ops.Add(int64(len(batch)))
-	s.batches[bits.Len(uint(len(batch)-1))].Add(1)
-	s.watchMu.Lock()
-	defer s.watchMu.Unlock()
-	for _, account := range tx.changed {
-		if ch := s.watchers[account]; ch != nil {
-			close(ch)
-			delete(s.watchers, account)
+	s.commits.Add(1)
+	s.committed.Add(int64(len(batch)))
+	return nil
+}
+
+// ping fails while writes are refused: for good once refusing says so, and after a failed commit until a write
+// succeeds again, which ping tries itself. Else it reads every table.
+func (s *store) ping(ctx context.Context) error {
+	if err := s.refusing(); err != nil {
+		return err
+	}
+	if s.failing.Load() {
+		if err := s.write(ctx, func(tx *writeTx) error {
+			_, err := tx.exec("UPDATE change_counter SET last = last") // writes a page, as a change would
+			return err
+		}); err != nil {
+			return err
 		}
 	}
-	return nil
-}
-
-// checkWAL fails, from then on, once the WAL file is gone or not the one SQLite has open: an acknowledged write
-// would then be lost at the next start.
-func (s *store) checkWAL() error {
-	if info, err := os.Stat(s.path + "-wal"); s.wal != nil && (err != nil || !os.SameFile(info, s.wal)) {
-		s.fault.CompareAndSwap(nil, &apiError{code: "unavailable",
-			message: "the database refuses writes; see the server's log",
-			cause: fmt.Errorf("the WAL file %s-wal was removed or replaced while the server ran: writes are refused, "+
-				"since the next start would lose them. Stop the server with SIGTERM: its checkpoint saves what "+
-				"the old WAL holds into the database", s.path)})
-	}
-	if err := s.fault.Load(); err != nil {
-		return err
-	}
-	return nil
-}
-
-func (s *store) watch(account string) <-chan struct{} {
-	s.watchMu.Lock()
-	defer s.watchMu.Unlock()
-	if s.watchers[account] == nil {
-		s.watchers[account] = make(chan struct{})
-	}
-	return s.watchers[account]
-}
-
-func (s *store) ping(ctx context.Context) error {
-	if err := s.checkWAL(); err != nil {
-		return err
-	}
 	var n int
-	return classify(s.health.QueryRowContext(ctx, `SELECT (SELECT last FROM change_counter) +
+	return s.check(s.health.QueryRowContext(ctx, `SELECT (SELECT last FROM change_counter) +
 		EXISTS (SELECT 1 FROM api_keys) + EXISTS (SELECT 1 FROM buttons) + EXISTS (SELECT 1 FROM button_history) +
 		EXISTS (SELECT 1 FROM idempotency_keys)`).Scan(&n))
 }
 
-func (s *store) stats() (commits, ops int64, batches []int64, size int64) {
-	for i := range s.batches {
-		batches, commits = append(batches, s.batches[i].Load()), commits+s.batches[i].Load()
-	}
+func (s *store) stats() (commits, writes, size int64) {
 	if info, err := os.Stat(s.path); err == nil {
 		size = info.Size()
 	}
-	return commits, s.ops.Load(), batches, size
+	return s.commits.Load(), s.committed.Load(), size
 }
 
 // --- keys ---
@@ -534,10 +541,12 @@ func (s *store) createKey(ctx context.Context, account string, readOnly bool) (s
 // listKeys returns every key, revoked ones too, oldest first.
 func (s *store) listKeys(ctx context.Context) ([]apiKey, error) {
 	rows, err := s.reads.query(ctx,
-		`SELECT id, account, read_only, created_at, last_used_at, revoked_at FROM api_keys ORDER BY created_at, id`)
-	return collect(rows, err, func(rows *sql.Rows) (k apiKey, err error) {
-		return k, rows.Scan(&k.ID, &k.Account, &k.ReadOnly, &k.CreatedAt, &k.LastUsedAt, &k.RevokedAt)
+		`SELECT id, account, secret_hash, read_only, created_at, last_used_at, revoked_at FROM api_keys
+		ORDER BY created_at, id`)
+	keys, err := collect(rows, err, func(rows *sql.Rows) (k apiKey, err error) {
+		return k, rows.Scan(&k.ID, &k.Account, &k.Hash, &k.ReadOnly, &k.CreatedAt, &k.LastUsedAt, &k.RevokedAt)
 	})
+	return keys, s.check(err)
 }
 
 // revokeKey revokes the key with id; revoking it again changes nothing.
@@ -556,7 +565,8 @@ func (s *store) revokeKey(ctx context.Context, id string) error {
 	return err
 }
 
-// authenticate reads the database every time: a revoke from another process stops the next request.
+// authenticate returns the live key whose secret this is, or errUnknownKey. It is the one place that decides whether
+// a key is live, and reads the database every time: a key revoked by another process stops at its next request.
 func (s *store) authenticate(ctx context.Context, secret string) (apiKey, error) {
 	hash := sha256.Sum256([]byte(secret))
 	var k apiKey
@@ -568,14 +578,7 @@ func (s *store) authenticate(ctx context.Context, secret string) (apiKey, error)
 	if err == nil {
 		s.noteKeyUsed(k.ID)
 	}
-	return k, classify(err)
-}
-
-func (s *store) liveKeys(ctx context.Context) ([]apiKey, error) {
-	rows, err := s.reads.query(ctx, `SELECT secret_hash, id, account, read_only FROM api_keys WHERE revoked_at IS NULL`)
-	return collect(rows, err, func(rows *sql.Rows) (k apiKey, err error) {
-		return k, rows.Scan(&k.Hash, &k.ID, &k.Account, &k.ReadOnly)
-	})
+	return k, s.check(err)
 }
 
 // noteKeyUsed records a key's last use at most once a minute, in the background: reads cost no write.
@@ -626,51 +629,41 @@ func scanButton(row interface{ Scan(...any) error }, extra ...any) (button, erro
 	return b, err
 }
 
-// scanButtons reads every row of selectButton.
-func scanButtons(rows *sql.Rows, err error) ([]button, error) {
-	return collect(rows, err, func(rows *sql.Rows) (button, error) { return scanButton(rows) })
-}
-
 // collect reads every row with scan; it is the one loop over query results.
 func collect[T any](rows *sql.Rows, err error, scan func(*sql.Rows) (T, error)) ([]T, error) {
 	if err != nil {
-		return nil, classify(err)
+		return nil, err
 	}
 	defer rows.Close()
 	items := []T{}
 	for rows.Next() {
 		item, err := scan(rows)
 		if err != nil {
-			return nil, classify(err)
+			return nil, err
 		}
 		items = append(items, item)
 	}
-	return items, classify(rows.Err())
+	return items, rows.Err()
 }
 
-// getButtonWithKey checks the key in the query that reads the button: get is the hottest path.
-func (s *store) getButtonWithKey(ctx context.Context, secret, id string) (apiKey, button, error) {
-	if validButtonID(id) {
-		hash := sha256.Sum256([]byte(secret))
-		var k apiKey
-		b, err := scanButton(s.reads.queryRow(ctx, `SELECT `+selectButton+`, key_id, key_account, key_read_only
-			FROM (SELECT id AS key_id, account AS key_account, read_only AS key_read_only FROM api_keys
-				WHERE secret_hash = ? AND revoked_at IS NULL)
-			JOIN buttons ON account = key_account AND id = ?`, hash[:], id), &k.ID, &k.Account, &k.ReadOnly)
-		if err == nil {
-			s.noteKeyUsed(k.ID)
-		}
-		if err != errNotFound {
-			return k, b, classify(err)
-		}
+// scanButtons reads every row of selectButton.
+func scanButtons(rows *sql.Rows, err error) ([]button, error) {
+	return collect(rows, err, func(rows *sql.Rows) (button, error) { return scanButton(rows) })
+}
+
+func (s *store) getButton(ctx context.Context, account, id string) (button, error) {
+	if !validButtonID(id) {
+		return button{}, errNotFound
 	}
-	k, err := s.authenticate(ctx, secret) // no row: an unknown key, or no such button
-	return k, button{}, err
+	b, err := scanButton(s.reads.queryRow(ctx, `SELECT `+selectButton+` FROM buttons WHERE account = ? AND id = ?`,
+		account, id))
+	return b, s.check(err)
 }
 
-// listButtons pages through account's buttons by id, newest first: ids grow with time, so "id < after" neither
-// skips nor repeats a button while others are created. A filter no index serves (isLive, paymentMethod, metadata)
-// examines at most maxScan rows; scanEnd then says where the next page starts.
+// listButtons returns a page of account's buttons by id, newest first, and the id the next page goes on after ("" at
+// the end): ids grow with time, so "id < after" neither skips nor repeats a button while others are created. A
+// filter no index serves (isLive, paymentMethod, metadata) examines at most maxScan rows; a page that ends there
+// goes on after the last row examined.
 func (s *store) listButtons(ctx context.Context, account string, f listFilter) ([]button, string, error) {
 	where, args := "account = ?", []any{account}
 	if f.After != "" {
@@ -683,10 +676,10 @@ func (s *store) listButtons(ctx context.Context, account string, f listFilter) (
 	}
 	var scanEnd string
 	if f.IsLive != nil || f.PaymentMethod != "" || len(f.Metadata) > 0 {
-		err := s.reads.queryRow(ctx, `SELECT id FROM `+table+` WHERE `+where+` ORDER BY id DESC LIMIT 1 OFFSET ?`,
-			append(args, maxScan-1)...).Scan(&scanEnd)
+		err := s.reader.QueryRowContext(ctx, `SELECT id FROM `+table+` WHERE `+where+` ORDER BY id DESC
+			LIMIT 1 OFFSET ?`, append(args, maxScan-1)...).Scan(&scanEnd)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
-			return nil, "", classify(err)
+			return nil, "", s.check(err)
 		}
 		if scanEnd != "" {
 			where, args = where+" AND id >= ?", append(args, scanEnd)
@@ -701,74 +694,84 @@ func (s *store) listButtons(ctx context.Context, account string, f listFilter) (
 	for key, value := range f.Metadata {
 		where, args = where+" AND metadata ->> ? = ?", append(args, `$."`+key+`"`, value)
 	}
-	buttons, err := scanButtons(s.reads.query(ctx, `SELECT `+selectButton+` FROM `+table+
-		` WHERE `+where+` ORDER BY id DESC LIMIT ?`, append(args, f.Limit)...))
-	if len(buttons) == f.Limit {
-		scanEnd = "" // the page is full before the scan's end
+	// The text depends on the filters: it is prepared and dropped, never cached (see statements).
+	buttons, err := scanButtons(s.reader.QueryContext(ctx, `SELECT `+selectButton+` FROM `+table+` WHERE `+where+
+		` ORDER BY id DESC LIMIT ?`, append(args, f.Limit+1)...)) // one more says whether the page is the last
+	if len(buttons) > f.Limit {
+		return buttons[:f.Limit], buttons[f.Limit-1].ID, nil
 	}
-	return buttons, scanEnd, err
+	return buttons, scanEnd, s.check(err)
 }
 
+// buttonHistory returns the changes to account's button id with versions after+1 to after+limit, oldest first, and
+// whether more follow.
 func (s *store) buttonHistory(ctx context.Context, account, id string, after, limit int64) (
-	[]historyEntry, int64, error) {
+	[]historyEntry, bool, error) {
 	if !validButtonID(id) {
-		return nil, 0, errNotFound
+		return nil, false, errNotFound
 	}
 	// One read transaction: the button and its changes as of one moment.
 	tx, err := s.reader.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
-		return nil, 0, classify(err)
+		return nil, false, s.check(err)
 	}
 	defer tx.Rollback()
 	created := historyEntry{Version: 1, Action: "create"}
 	current, err := scanButton(tx.QueryRowContext(ctx, `SELECT `+selectButton+`, created_key_id, created_request_id
 		FROM buttons WHERE account = ? AND id = ?`, account, id), &created.KeyID, &created.RequestID)
 	if err != nil {
-		return nil, 0, classify(err)
+		return nil, false, s.check(err)
 	}
 	created.At = current.CreatedAt
-	// Row v holds the button before change v: the page and the state after it take rows after+1..after+limit+1.
+	// A history row holds change v and the button before it (migration 2): the button after change v is row v+1's
+	// "before", or, after the last change, the button itself. So the page reads rows after+1 to after+limit+1.
 	rows, err := tx.QueryContext(ctx, `SELECT button_id, account, `+selectFields+`, 0,
 			change_version, action, key_id, request_id, changed_at
 		FROM button_history WHERE button_id = ? AND account = ? AND change_version BETWEEN ? AND ?`,
 		id, account, after+1, after+limit+1)
-	entries, err := collect(rows, err, func(rows *sql.Rows) (e historyEntry, err error) {
+	changes, err := collect(rows, err, func(rows *sql.Rows) (e historyEntry, err error) {
 		e.Before, err = scanButton(rows, &e.Version, &e.Action, &e.KeyID, &e.RequestID, &e.At)
 		return e, err
 	})
 	if err != nil {
-		return nil, 0, err
+		return nil, false, s.check(err)
 	}
 	byVersion := map[int64]historyEntry{1: created}
-	for _, e := range entries {
+	for _, e := range changes {
 		byVersion[e.Version] = e
 	}
 	var page []historyEntry
 	for v := after + 1; v <= min(after+limit, current.Version); v++ {
 		e := byVersion[v]
-		if e.After = byVersion[v+1].Before; v == current.Version {
-			e.After = current
+		if e.After = current; v < current.Version {
+			e.After = byVersion[v+1].Before
 		}
 		page = append(page, e)
 	}
-	return page, current.Version, nil
+	return page, after+limit < current.Version, nil
 }
 
-func (s *store) changes(ctx context.Context, account string, since, limit int64) ([]button, error) {
-	return scanButtons(s.reads.query(ctx, `SELECT `+selectButton+` FROM buttons INDEXED BY buttons_by_change
-		WHERE account = ? AND change_seq > ? ORDER BY change_seq LIMIT ?`, account, since, limit))
+// changes returns up to limit of account's buttons whose changeSeq is above since, lowest first, and whether more
+// follow.
+func (s *store) changes(ctx context.Context, account string, since, limit int64) ([]button, bool, error) {
+	buttons, err := scanButtons(s.reads.query(ctx, `SELECT `+selectButton+` FROM buttons INDEXED BY buttons_by_change
+		WHERE account = ? AND change_seq > ? ORDER BY change_seq LIMIT ?`, account, since, limit+1))
+	if int64(len(buttons)) > limit {
+		return buttons[:limit], true, nil
+	}
+	return buttons, false, s.check(err)
 }
 
 // createButton stores b as a new active button of the actor's account.
 func (s *store) createButton(ctx context.Context, who actor, b button) (outcome, error) {
 	b.ID, b.Account, b.State, b.Version = s.ids.next(), who.Account, stateActive, 1
-	return s.writeAnswered(ctx, who, func(tx *writeTx) (outcome, error) {
+	return s.apply(ctx, who, func(tx *writeTx) (outcome, error) {
 		b.CreatedAt = now()
 		b.UpdatedAt = b.CreatedAt
 		_, err := tx.exec(`INSERT INTO buttons (id, account, `+buttonFields+`, created_key_id, created_request_id, change_seq)
 			VALUES (?, ?, `+fieldPlaceholders+`, ?, ?, ?)`,
-			append(append([]any{b.ID, b.Account}, fieldValues(b)...), who.KeyID, who.RequestID, tx.nextChange(b.Account))...)
-		return outcome{ID: b.ID, Changed: true}, err
+			append(append([]any{b.ID, b.Account}, fieldValues(b)...), who.KeyID, who.RequestID, tx.nextChange())...)
+		return outcome{ID: b.ID, Version: 1, Changed: true}, err
 	})
 }
 
@@ -777,7 +780,7 @@ func (s *store) createButton(ctx context.Context, who actor, b button) (outcome,
 // nothing changed, writes the next version with the next changeSeq, and the one before into its history.
 func (s *store) changeButton(ctx context.Context, who actor, id string, ifMatch int64, action string,
 	edit func(*button) error) (outcome, error) {
-	return s.writeAnswered(ctx, who, func(tx *writeTx) (outcome, error) {
+	return s.apply(ctx, who, func(tx *writeTx) (outcome, error) {
 		b, err := scanButton(tx.queryRow(context.Background(), `SELECT `+selectButton+
 			` FROM buttons WHERE account = ? AND id = ?`, who.Account, id))
 		if err != nil {
@@ -789,11 +792,11 @@ func (s *store) changeButton(ctx context.Context, who actor, id string, ifMatch 
 		before := b
 		switch {
 		case action == "update" && b.State == stateDeleted:
-			return outcome{}, &apiError{code: "wrong_state", message: "button is deleted; restore it first"}
+			return outcome{}, &apiError{code: codeWrongState, message: "button is deleted; restore it first"}
 		case action == "delete" && b.State == stateDeleted:
-			return outcome{}, &apiError{code: "wrong_state", message: "button is already deleted"}
+			return outcome{}, &apiError{code: codeWrongState, message: "button is already deleted"}
 		case action == "restore" && b.State == stateActive:
-			return outcome{}, &apiError{code: "wrong_state", message: "button is not deleted"}
+			return outcome{}, &apiError{code: codeWrongState, message: "button is not deleted"}
 		case action == "delete":
 			b.State, b.DeletedAt = stateDeleted, now()
 		case action == "restore":
@@ -802,7 +805,7 @@ func (s *store) changeButton(ctx context.Context, who actor, id string, ifMatch 
 			err = edit(&b)
 		}
 		if err != nil || b.sameAs(before) {
-			return outcome{ID: id}, err
+			return outcome{ID: id, Version: before.Version}, err
 		}
 		b.Version++
 		b.UpdatedAt = now()
@@ -811,7 +814,7 @@ func (s *store) changeButton(ctx context.Context, who actor, id string, ifMatch 
 				updated_at = ?, deleted_at = ?, change_seq = ?
 			WHERE account = ? AND id = ?`,
 			b.ProductName, b.Description, b.AmountMinor, b.Currency, b.FeeBasisPoints, b.Metadata, b.State,
-			b.Version, b.UpdatedAt, b.DeletedAt, tx.nextChange(who.Account), who.Account, id)
+			b.Version, b.UpdatedAt, b.DeletedAt, tx.nextChange(), who.Account, id)
 		if err == nil {
 			_, err = tx.exec(`INSERT INTO button_history
 					(button_id, change_version, action, key_id, request_id, changed_at, account, `+buttonFields+`)
@@ -819,71 +822,58 @@ func (s *store) changeButton(ctx context.Context, who actor, id string, ifMatch 
 				append([]any{id, b.Version, action, who.KeyID, who.RequestID, b.UpdatedAt, who.Account},
 					fieldValues(before)...)...)
 		}
-		return outcome{ID: id, Changed: true}, err
+		return outcome{ID: id, Version: b.Version, Changed: true}, err
 	})
 }
 
 // --- idempotency keys ---
 
-// writeAnswered runs change in the writer's next transaction, once the actor's key is found live there (the handler
-// may know it from memory): its outcome, an *apiError (nothing written) or a fault. An Idempotency-Key's answer is
-// stored in the same transaction, so that a crash keeps neither the change without its answer nor the answer
-// without its change.
-func (s *store) writeAnswered(ctx context.Context, who actor,
-	change func(tx *writeTx) (outcome, error)) (outcome, error) {
+// apply runs change in the writer's next transaction and returns its outcome, the *apiError that refused it (nothing
+// written), or a fault. With who.Idempotency, the answer rendered from that outcome is stored in the same
+// transaction: a crash keeps neither the change without its answer nor the answer without its change.
+func (s *store) apply(ctx context.Context, who actor, change func(tx *writeTx) (outcome, error)) (outcome, error) {
 	var out outcome
 	var refusal error
 	key := who.Idempotency
 	err := s.write(ctx, func(tx *writeTx) error {
 		var err error
-		live, checked := tx.liveKeys[who.KeyID]
-		if !checked { // once a batch: while it holds the write lock, no other process can revoke a key
-			err = tx.queryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM api_keys
-				WHERE id = ? AND revoked_at IS NULL)`, who.KeyID).Scan(&live)
-			tx.liveKeys[who.KeyID] = live
-		}
-		if err != nil || !live {
-			refusal = errUnknownKey
-			return err
-		}
-		s.noteKeyUsed(who.KeyID)
-		var expected *apiError
-		if out, err = change(tx); err != nil && !errors.As(err, &expected) {
-			return err
+		if out, err = change(tx); err != nil && !errors.As(err, new(*apiError)) {
+			return err // a fault fails the batch
 		}
 		if refusal = err; key == nil {
 			return nil
 		}
 		key.Answer = key.Render(out, refusal)
-		_, err = tx.exec(`INSERT OR REPLACE INTO idempotency_keys (account, key, fingerprint, status, body, created_at)
-			VALUES (?, ?, ?, ?, ?, ?)`, who.Account, key.Key, key.Fingerprint, key.Answer.Status, key.Answer.Body, now())
+		_, err = tx.exec(`INSERT OR REPLACE INTO idempotency_keys
+				(account, key, fingerprint, status, body, version, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+			who.Account, key.Key, key.Fingerprint, key.Answer.Status, key.Answer.Body, key.Answer.Version, now())
 		return err
 	})
 	if err != nil {
 		if key != nil {
-			key.Answer = storedResponse{} // rendered, but rolled back with the batch
+			key.Answer = answer{} // rendered, but rolled back with the batch
 		}
 		return outcome{}, err
 	}
 	return out, refusal
 }
 
-func (s *store) reject(ctx context.Context, who actor, refusal error) error {
-	_, err := s.writeAnswered(ctx, who, func(*writeTx) (outcome, error) { return outcome{}, refusal })
+func (s *store) keepRefusal(ctx context.Context, who actor, refusal error) error {
+	_, err := s.apply(ctx, who, func(*writeTx) (outcome, error) { return outcome{}, refusal })
 	return err
 }
 
-// findResponse ignores answers older than idempotencyTTL.
-func (s *store) findResponse(ctx context.Context, who actor, key string) (storedResponse, error) {
-	var r storedResponse
-	err := s.reads.queryRow(ctx, `SELECT fingerprint, status, body FROM idempotency_keys
-		WHERE account = ? AND key = ? AND created_at > ?
-			AND EXISTS (SELECT 1 FROM api_keys WHERE id = ? AND revoked_at IS NULL)`, who.Account, key,
-		timestamp{now().Add(-idempotencyTTL)}, who.KeyID).Scan(&r.Fingerprint, &r.Status, &r.Body)
+// findAnswer returns the answer stored for account's Idempotency-Key, or errNotFound; answers older than
+// idempotencyTTL count as none.
+func (s *store) findAnswer(ctx context.Context, account, key string) (answer, error) {
+	var a answer
+	err := s.reads.queryRow(ctx, `SELECT fingerprint, status, body, version FROM idempotency_keys
+		WHERE account = ? AND key = ? AND created_at > ?`, account, key, timestamp{now().Add(-idempotencyTTL)}).
+		Scan(&a.Fingerprint, &a.Status, &a.Body, &a.Version)
 	if errors.Is(err, sql.ErrNoRows) {
-		return storedResponse{}, errNotFound
+		return answer{}, errNotFound
 	}
-	return r, classify(err)
+	return a, s.check(err)
 }
 
 // purgeExpired deletes up to limit expired answers, so as never to hold the writer long, and says how many.

@@ -27,7 +27,7 @@ func openTestStore(t *testing.T) *store {
 	if err != nil {
 		t.Fatalf("openStore: %v", err)
 	}
-	t.Cleanup(func() { st.close() })
+	t.Cleanup(func() { st.close(false) })
 	return st
 }
 
@@ -193,7 +193,7 @@ func TestCloseLeavesNoConnectionOpen(t *testing.T) {
 	if keys, err := st.listKeys(context.Background()); err != nil || len(keys) != 1 {
 		t.Fatalf("listKeys: got %v, %v", keys, err)
 	}
-	if err := st.close(); err != nil {
+	if err := st.close(false); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(path + "-wal"); !errors.Is(err, os.ErrNotExist) {

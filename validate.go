@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -63,17 +64,29 @@ func (p problems) text(name, s string, max int, bad func(rune) bool, badWhy stri
 }
 
 // invalid is the 400 for problems, nil for none: its message is "<field> <why>" for one problem, "N fields are
-// invalid: a, b" for several.
+// invalid: a, b" for several. It names at most 20 fields, each name cut to 40 characters, and says how many more
+// there were: no answer grows with the request.
 func invalid(problems problems) error {
 	if len(problems) == 0 {
 		return nil
 	}
 	names := slices.Sorted(maps.Keys(problems))
-	message := fmt.Sprintf("%d fields are invalid: %s", len(names), strings.Join(names, ", "))
-	if len(names) == 1 {
-		message = names[0] + " " + problems[names[0]]
+	shown := map[string]string{}
+	for _, name := range names[:min(len(names), 20)] {
+		if r := []rune(name); len(r) > 40 {
+			shown[string(r[:39])+"…"] = problems[name]
+		} else {
+			shown[name] = problems[name]
+		}
 	}
-	return &apiError{code: "invalid_request", message: message, fields: problems}
+	shownNames := slices.Sorted(maps.Keys(shown))
+	message := fmt.Sprintf("%d fields are invalid: %s", len(names), strings.Join(shownNames, ", "))
+	if len(names) == 1 {
+		message = shownNames[0] + " " + shown[shownNames[0]]
+	} else if len(names) > 20 {
+		message += fmt.Sprintf(" and %d more", len(names)-20)
+	}
+	return &apiError{code: codeInvalid, message: message, fields: shown}
 }
 
 // --- bodies ---
@@ -325,9 +338,140 @@ func quoted(values []string) string {
 	return strings.Join(q, ", ")
 }
 
+// --- query strings and headers ---
+
+// maxCursor bounds every number a query string takes: the largest integer any JSON client reads exactly, and small
+// enough that no sum of it overflows.
+const maxCursor = 1<<53 - 1
+
+// query is a request's query string and the problems found in it.
+type query struct {
+	values url.Values
+	problems
+}
+
+// readQuery parses raw, noting unknown and repeated parameters. A known name "metadata[KEY]" stands for every
+// metadata[...] parameter.
+func readQuery(raw string, known ...string) *query {
+	q := &query{problems: problems{}}
+	var err error
+	if q.values, err = url.ParseQuery(raw); err != nil {
+		q.problems["query"] = "is not a valid URL query string"
+	}
+	for name, given := range q.values {
+		pattern := name
+		if strings.HasPrefix(name, "metadata[") && strings.HasSuffix(name, "]") {
+			pattern = "metadata[KEY]"
+		}
+		switch {
+		case !slices.Contains(known, pattern):
+			q.problems[name] = unknownName("query parameter", name, known)
+		case len(given) > 1:
+			q.problems[name] = "is given more than once"
+		}
+	}
+	return q
+}
+
+// get returns the parameter's value; false when it is absent or already refused.
+func (q *query) get(name string) (string, bool) {
+	_, bad := q.problems[name]
+	return q.values.Get(name), !bad && q.values.Has(name)
+}
+
+// whole returns the parameter as a whole number from min to max, def when absent.
+func (q *query) whole(name string, min, max, def int64) int64 {
+	v, ok := q.get(name)
+	n, err := strconv.ParseInt(v, 10, 64)
+	if ok && (err != nil || !asciiIn(v, 1, 19, digits) || n < min || n > max) {
+		q.fail(name, fmt.Sprintf("must be a whole number from %d to %d", min, max))
+	}
+	if !ok {
+		return def
+	}
+	return n
+}
+
+// decodeListQuery reads the list endpoint's query string; state defaults to active.
+func decodeListQuery(rawQuery, providerName string) (listFilter, error) {
+	q := readQuery(rawQuery, "limit", "after", "state", "isLive", "paymentMethod", "metadata[KEY]")
+	f := listFilter{Limit: int(q.whole("limit", 1, 100, 20)), State: stateActive, Metadata: map[string]string{}}
+	if v, ok := q.get("after"); ok {
+		if !validButtonID(v) {
+			q.fail("after", "must be a button id, the next of a previous page")
+		}
+		f.After = v
+	}
+	if v, ok := q.get("state"); ok {
+		if f.State = v; v == "all" {
+			f.State = ""
+		} else if v != stateActive && v != stateDeleted {
+			q.fail("state", `must be one of "active", "deleted", "all"`)
+		}
+	}
+	if v, ok := q.get("isLive"); ok {
+		if v != "true" && v != "false" {
+			q.fail("isLive", `must be "true" or "false"`)
+		}
+		f.IsLive = new(v == "true")
+	}
+	if v, ok := q.get("paymentMethod"); ok {
+		if methods := []string{providerName, "Stripe", "StripeConnect"}; !slices.Contains(methods, v) {
+			q.fail("paymentMethod", "must be one of "+quoted(methods))
+		}
+		f.PaymentMethod = v
+	}
+	for name := range q.values {
+		key := strings.TrimSuffix(strings.TrimPrefix(name, "metadata["), "]")
+		if v, ok := q.get(name); ok && key != name {
+			switch {
+			case !asciiIn(key, 1, maxMetadataKeyBytes, nameChars):
+				q.fail(name, fmt.Sprintf("must name a key of 1 to %d of A-Z a-z 0-9 _ - .", maxMetadataKeyBytes))
+			case q.text(name, v, maxMetadataRunes, unicode.IsControl, "control characters") && v != "":
+				f.Metadata[key] = v
+			default:
+				q.fail(name, fmt.Sprintf("must be a value of 1 to %d characters", maxMetadataRunes))
+			}
+		}
+	}
+	if len(f.Metadata) > maxMetadataKeys { // as many as a button may hold; more would only grow the query
+		q.fail("metadata", fmt.Sprintf("must have at most %d metadata[KEY] filters", maxMetadataKeys))
+	}
+	return f, invalid(q.problems)
+}
+
+// decodeHistoryQuery reads the history endpoint's query: limit (1 to 100, default 100) and after, the version a
+// previous page ended at.
+func decodeHistoryQuery(rawQuery string) (limit, after int64, err error) {
+	q := readQuery(rawQuery, "limit", "after")
+	return q.whole("limit", 1, 100, 100), q.whole("after", 0, maxCursor, 0), invalid(q.problems)
+}
+
+// decodeChangesQuery reads the change feed's query: since (a changeSeq, 0 for everything) and limit (1 to 100,
+// default 100).
+func decodeChangesQuery(rawQuery string) (since, limit int64, err error) {
+	q := readQuery(rawQuery, "since", "limit")
+	return q.whole("since", 0, maxCursor, 0), q.whole("limit", 1, 100, 100), invalid(q.problems)
+}
+
+// parseIfMatch reads an If-Match header: the ETag get sent, "<version>". It returns 0 when the header is absent or
+// "*" (any version).
+func parseIfMatch(header string) (int64, error) {
+	if header == "" || header == "*" {
+		return 0, nil
+	}
+	text, err := strconv.Unquote(header)
+	version, _ := strconv.ParseInt(text, 10, 64)
+	if err != nil || header[0] != '"' || strconv.FormatInt(version, 10) != text || version < 1 {
+		return 0, invalid(problems{"If-Match": `must be the ETag get sent, a version in quotes such as "3"`})
+	}
+	return version, nil
+}
+
 // --- field rules ---
 
-// productName returns the trimmed name; false when it is absent or breaks a rule.
+// productName returns the trimmed name; false when it is absent or breaks a rule. It must show something (not only
+// spaces or combining marks) and carry no bidirectional controls, which can make a checkout page show another name.
 func (f *fields) productName(required bool) (string, bool) {
 	s, ok := f.str("productName", required)
 	s = strings.TrimSpace(s)
@@ -335,10 +479,12 @@ func (f *fields) productName(required bool) (string, bool) {
 	case !ok:
 	case s == "":
 		f.fail("productName", "must not be empty")
-	case !strings.ContainsFunc(s, func(r rune) bool { return unicode.IsGraphic(r) && !unicode.IsSpace(r) }):
-		f.fail("productName", "must have at least one visible character")
+	case !strings.ContainsFunc(s, func(r rune) bool { return unicode.In(r, unicode.L, unicode.N, unicode.P, unicode.S) }):
+		f.fail("productName", "must have at least one letter, digit, punctuation mark or symbol")
 	default:
-		return s, f.text("productName", s, maxNameRunes, unicode.IsControl, "control characters")
+		return s, f.text("productName", s, maxNameRunes, func(r rune) bool {
+			return unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r)
+		}, "control characters or bidirectional controls")
 	}
 	return "", false
 }
@@ -511,6 +657,25 @@ func (f *fields) minorUnits(name string, d decimal, currency string) int64 {
 		f.fail(name, fmt.Sprintf("is above the maximum of %s %s", formatAmount(maxAmountMinor, currency), currency))
 	}
 	return n
+}
+
+// formatAmount writes minor units of currency as decimal text with the currency's decimal places: "19.90" USD,
+// "500" JPY, "1.250" KWD (2 for a code no longer in the table).
+func formatAmount(minor int64, currency string) string {
+	exp, ok := currencyExponents[currency]
+	if !ok {
+		exp = 2
+	}
+	return formatScaled(minor, exp)
+}
+
+// formatScaled writes n / 10^exp with exp decimal places; n is never negative.
+func formatScaled(n int64, exp int) string {
+	text := fmt.Sprintf("%0*d", exp+1, n)
+	if exp == 0 {
+		return text
+	}
+	return text[:len(text)-exp] + "." + text[len(text)-exp:]
 }
 
 // --- currencies ---
