@@ -165,7 +165,7 @@ type historyEntry struct {
 type listFilter struct {
 	Limit         int
 	After         string // the last id of the previous page, or ""
-	State         string // stateActive, stateDeleted or "" for both
+	State         string // stateActive, stateDeleted or "all"
 	IsLive        *bool
 	PaymentMethod string            // "" for any
 	Metadata      map[string]string // every key must hold its value
@@ -648,22 +648,20 @@ func sameFile(path string, file os.FileInfo) bool {
 }
 
 // claimServer makes this process the one server of the database file at path (see dbFile) until release; while
-// another holds it, it fails with a line that says so. The claim is a lock on path+"-lock", which a server puts back
-// within a second if it is removed (a "stale lock" reflex). So a server that had to create the lock file while a WAL
-// exists (some process may be using the database) waits two seconds, and gives way if another puts its own back.
-// keys, backup and check never claim: they work beside a server.
+// another holds it, it fails with a line that says so. The claim is a lock on path+"-lock". A server puts its lock
+// file back within a second of its removal (a "stale lock" reflex), so a missing lock file beside a WAL (some process
+// may be using the database) is waited for, two seconds, before this server makes its own. keys, backup and check
+// never claim: they work beside a server.
 func claimServer(path string) (release func(), err error) {
 	lockPath := path + "-lock"
-	_, noLock := os.Stat(lockPath)
-	_, noWAL := os.Stat(path + "-wal")
-	lock, file, err := lockFile(lockPath)
-	if err == nil && noLock != nil && noWAL == nil {
-		time.Sleep(2 * time.Second)
-		if !sameFile(lockPath, file) {
-			lock.Close()
-			err = errLocked
+	if _, err := os.Stat(path + "-wal"); err == nil {
+		for start := time.Now(); time.Since(start) < 2*time.Second; time.Sleep(100 * time.Millisecond) {
+			if _, err := os.Stat(lockPath); err == nil {
+				break
+			}
 		}
 	}
+	lock, file, err := lockFile(lockPath)
 	if errors.Is(err, errLocked) {
 		return nil, fmt.Errorf("database %q is in use by another server", path)
 	} else if err != nil {
@@ -680,7 +678,6 @@ func claimServer(path string) (release func(), err error) {
 			case <-time.After(time.Second):
 			}
 			if !sameFile(lockPath, file) {
-				os.Remove(lockPath) // a newcomer's, made while ours was gone: seeing it gone, the newcomer gives way
 				if fresh, freshFile, err := lockFile(lockPath); err == nil {
 					lock.Close()
 					lock, file = fresh, freshFile

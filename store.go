@@ -671,7 +671,7 @@ func (s *store) listButtons(ctx context.Context, account string, f listFilter) (
 	}
 	// Without statistics SQLite would walk the primary key: a page of a rare state would cost the account.
 	table := "buttons"
-	if f.State != "" {
+	if f.State != "all" {
 		table, where, args = "buttons INDEXED BY buttons_by_state", where+" AND state = ?", append(args, f.State)
 	}
 	var scanEnd string

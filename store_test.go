@@ -112,7 +112,7 @@ func TestWALStaysSmallUnderReadsAndWrites(t *testing.T) {
 				case <-stop:
 					return
 				default:
-					st.listButtons(context.Background(), "acme", listFilter{Limit: 5})
+					st.listButtons(context.Background(), "acme", listFilter{Limit: 5, State: "all"})
 				}
 			}
 		})

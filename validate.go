@@ -115,7 +115,7 @@ func decodeCreate(body []byte, providerName string) (button, error) {
 	b.Metadata, _ = f.metadata(nil)
 
 	var typeOK, intervalOK bool
-	b.PaymentType, typeOK = f.oneOf("paymentType", "one_time", "subscription")
+	b.PaymentType, typeOK = f.oneOf("paymentType", true, "one_time", "subscription")
 	b.BillingInterval, intervalOK = f.billingInterval()
 	switch {
 	case !typeOK || !intervalOK:
@@ -126,7 +126,7 @@ func decodeCreate(body []byte, providerName string) (button, error) {
 	}
 
 	var methodOK bool
-	b.PaymentMethod, methodOK = f.oneOf("paymentMethod", providerName, "Stripe", "StripeConnect")
+	b.PaymentMethod, methodOK = f.oneOf("paymentMethod", true, providerName, "Stripe", "StripeConnect")
 	_, feeGiven := f.get(feeField, false)
 	switch {
 	case methodOK && b.PaymentMethod == "StripeConnect" && !feeGiven:
@@ -314,10 +314,10 @@ func (f *fields) number(name string, required bool) (decimal, bool) {
 	return d, ok && isString
 }
 
-// oneOf returns name's string when it is exactly one of allowed; false when it is missing or not allowed,
+// oneOf returns name's string when it is exactly one of allowed; false when it is absent or not allowed,
 // suggesting the spelling it matches ignoring case.
-func (f *fields) oneOf(name string, allowed ...string) (string, bool) {
-	s, ok := f.str(name, true)
+func (f *fields) oneOf(name string, required bool, allowed ...string) (string, bool) {
+	s, ok := f.str(name, required)
 	if !ok || slices.Contains(allowed, s) {
 		return s, ok
 	}
@@ -344,47 +344,37 @@ func quoted(values []string) string {
 // enough that no sum of it overflows.
 const maxCursor = 1<<53 - 1
 
-// query is a request's query string and the problems found in it.
-type query struct {
-	values url.Values
-	problems
-}
-
-// readQuery parses raw, noting unknown and repeated parameters. A known name "metadata[KEY]" stands for every
-// metadata[...] parameter.
-func readQuery(raw string, known ...string) *query {
-	q := &query{problems: problems{}}
-	var err error
-	if q.values, err = url.ParseQuery(raw); err != nil {
-		q.problems["query"] = "is not a valid URL query string"
+// readQuery reads a query string as fields, each value a string, noting unknown and repeated parameters. A known
+// name "metadata[KEY]" stands for every metadata[...] parameter.
+func readQuery(raw string, known ...string) *fields {
+	f := &fields{given: map[string]any{}, problems: problems{}}
+	values, err := url.ParseQuery(raw)
+	if err != nil {
+		f.fail("query", "is not a valid URL query string")
 	}
-	for name, given := range q.values {
+	for name, given := range values {
 		pattern := name
 		if strings.HasPrefix(name, "metadata[") && strings.HasSuffix(name, "]") {
 			pattern = "metadata[KEY]"
 		}
 		switch {
 		case !slices.Contains(known, pattern):
-			q.problems[name] = unknownName("query parameter", name, known)
+			f.fail(name, unknownName("query parameter", name, known))
 		case len(given) > 1:
-			q.problems[name] = "is given more than once"
+			f.fail(name, "is given more than once")
+		default:
+			f.given[name] = given[0]
 		}
 	}
-	return q
-}
-
-// get returns the parameter's value; false when it is absent or already refused.
-func (q *query) get(name string) (string, bool) {
-	_, bad := q.problems[name]
-	return q.values.Get(name), !bad && q.values.Has(name)
+	return f
 }
 
 // whole returns the parameter as a whole number from min to max, def when absent.
-func (q *query) whole(name string, min, max, def int64) int64 {
-	v, ok := q.get(name)
-	n, err := strconv.ParseInt(v, 10, 64)
-	if ok && (err != nil || !asciiIn(v, 1, 19, digits) || n < min || n > max) {
-		q.fail(name, fmt.Sprintf("must be a whole number from %d to %d", min, max))
+func (f *fields) whole(name string, min, max, def int64) int64 {
+	s, ok := f.str(name, false)
+	n, err := strconv.ParseInt(s, 10, 64)
+	if ok && (err != nil || !asciiIn(s, 1, 19, digits) || n < min || n > max) {
+		f.fail(name, fmt.Sprintf("must be a whole number from %d to %d", min, max))
 	}
 	if !ok {
 		return def
@@ -394,64 +384,51 @@ func (q *query) whole(name string, min, max, def int64) int64 {
 
 // decodeListQuery reads the list endpoint's query string; state defaults to active.
 func decodeListQuery(rawQuery, providerName string) (listFilter, error) {
-	q := readQuery(rawQuery, "limit", "after", "state", "isLive", "paymentMethod", "metadata[KEY]")
-	f := listFilter{Limit: int(q.whole("limit", 1, 100, 20)), State: stateActive, Metadata: map[string]string{}}
-	if v, ok := q.get("after"); ok {
-		if !validButtonID(v) {
-			q.fail("after", "must be a button id, the next of a previous page")
-		}
-		f.After = v
-	}
-	if v, ok := q.get("state"); ok {
-		if f.State = v; v == "all" {
-			f.State = ""
-		} else if v != stateActive && v != stateDeleted {
-			q.fail("state", `must be one of "active", "deleted", "all"`)
+	f := readQuery(rawQuery, "limit", "after", "state", "isLive", "paymentMethod", "metadata[KEY]")
+	filter := listFilter{Limit: int(f.whole("limit", 1, 100, 20)), State: stateActive, Metadata: map[string]string{}}
+	if after, ok := f.str("after", false); ok {
+		if filter.After = after; !validButtonID(after) {
+			f.fail("after", "must be a button id, the next of a previous page")
 		}
 	}
-	if v, ok := q.get("isLive"); ok {
-		if v != "true" && v != "false" {
-			q.fail("isLive", `must be "true" or "false"`)
-		}
-		f.IsLive = new(v == "true")
+	if state, ok := f.oneOf("state", false, stateActive, stateDeleted, "all"); ok {
+		filter.State = state
 	}
-	if v, ok := q.get("paymentMethod"); ok {
-		if methods := []string{providerName, "Stripe", "StripeConnect"}; !slices.Contains(methods, v) {
-			q.fail("paymentMethod", "must be one of "+quoted(methods))
-		}
-		f.PaymentMethod = v
+	if isLive, ok := f.oneOf("isLive", false, "true", "false"); ok {
+		filter.IsLive = new(isLive == "true")
 	}
-	for name := range q.values {
-		key := strings.TrimSuffix(strings.TrimPrefix(name, "metadata["), "]")
-		if v, ok := q.get(name); ok && key != name {
-			switch {
+	filter.PaymentMethod, _ = f.oneOf("paymentMethod", false, providerName, "Stripe", "StripeConnect")
+	for name := range f.given {
+		if key, ok := strings.CutPrefix(name, "metadata["); ok {
+			key = strings.TrimSuffix(key, "]")
+			switch value, _ := f.str(name, false); {
 			case !asciiIn(key, 1, maxMetadataKeyBytes, nameChars):
-				q.fail(name, fmt.Sprintf("must name a key of 1 to %d of A-Z a-z 0-9 _ - .", maxMetadataKeyBytes))
-			case q.text(name, v, maxMetadataRunes, unicode.IsControl, "control characters") && v != "":
-				f.Metadata[key] = v
-			default:
-				q.fail(name, fmt.Sprintf("must be a value of 1 to %d characters", maxMetadataRunes))
+				f.fail(name, fmt.Sprintf("must name a key of 1 to %d of A-Z a-z 0-9 _ - .", maxMetadataKeyBytes))
+			case value == "":
+				f.fail(name, fmt.Sprintf("must be a value of 1 to %d characters", maxMetadataRunes))
+			case f.text(name, value, maxMetadataRunes, unicode.IsControl, "control characters"):
+				filter.Metadata[key] = value
 			}
 		}
 	}
-	if len(f.Metadata) > maxMetadataKeys { // as many as a button may hold; more would only grow the query
-		q.fail("metadata", fmt.Sprintf("must have at most %d metadata[KEY] filters", maxMetadataKeys))
+	if len(filter.Metadata) > maxMetadataKeys { // as many as a button may hold; more would only grow the query
+		f.fail("metadata", fmt.Sprintf("must have at most %d metadata[KEY] filters", maxMetadataKeys))
 	}
-	return f, invalid(q.problems)
+	return filter, invalid(f.problems)
 }
 
 // decodeHistoryQuery reads the history endpoint's query: limit (1 to 100, default 100) and after, the version a
 // previous page ended at.
 func decodeHistoryQuery(rawQuery string) (limit, after int64, err error) {
-	q := readQuery(rawQuery, "limit", "after")
-	return q.whole("limit", 1, 100, 100), q.whole("after", 0, maxCursor, 0), invalid(q.problems)
+	f := readQuery(rawQuery, "limit", "after")
+	return f.whole("limit", 1, 100, 100), f.whole("after", 0, maxCursor, 0), invalid(f.problems)
 }
 
 // decodeChangesQuery reads the change feed's query: since (a changeSeq, 0 for everything) and limit (1 to 100,
 // default 100).
 func decodeChangesQuery(rawQuery string) (since, limit int64, err error) {
-	q := readQuery(rawQuery, "since", "limit")
-	return q.whole("since", 0, maxCursor, 0), q.whole("limit", 1, 100, 100), invalid(q.problems)
+	f := readQuery(rawQuery, "since", "limit")
+	return f.whole("since", 0, maxCursor, 0), f.whole("limit", 1, 100, 100), invalid(f.problems)
 }
 
 // parseIfMatch reads an If-Match header: the ETag get sent, "<version>". It returns 0 when the header is absent or
