@@ -135,8 +135,8 @@ func exampleBody(v any) string {
 }
 
 // TestOpenAPIRequestExamples sends every create and update example to a real server (an update to
-// a new button of the create example its x-button names): the accepted ones are, the refused ones
-// get exactly their documented answer and change nothing.
+// a new button of the create example its x-button names): the accepted ones are, with the version
+// they left as ETag, the refused ones get exactly their documented answer and change nothing.
 func TestOpenAPIRequestExamples(t *testing.T) {
 	e := newTestServer(t)
 	examples := func(path string, at ...string) map[string]any {
@@ -171,6 +171,8 @@ func TestOpenAPIRequestExamples(t *testing.T) {
 				switch got := valueOf(decodeNumbers(r.raw)); {
 				case !refused && (r.status != 200 || r.env.Message != message):
 					t.Errorf("%s: %s\ngot %d %s, want 200 %q", name, r.request, r.status, r.raw, message)
+				case !refused && r.header.Get("ETag") != fmt.Sprintf(`"%d"`, e.mustStored("acme", r.dataString()).Version):
+					t.Errorf("%s: %s\ngot ETag %s, want the version the write left", name, r.request, r.header.Get("ETag"))
 				case refused && (body == nil || r.status != 400 || !reflect.DeepEqual(got, example["value"])):
 					t.Errorf("%s: %s\ngot  %d %s\nwant 400 %s", name, r.request, r.status, r.raw, exampleBody(example["value"]))
 				case refused && !reflect.DeepEqual(state(), before):
