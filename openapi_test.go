@@ -260,6 +260,15 @@ var queryDecoders = map[string]func(string) (any, error){
 	},
 }
 
+// metadataFilters is a list query with n metadata[KEY] filters.
+func metadataFilters(n int64) string {
+	filters := make([]string, n)
+	for i := range filters {
+		filters[i] = fmt.Sprintf("metadata[k%d]=v", i)
+	}
+	return strings.Join(filters, "&")
+}
+
 // TestOpenAPIMatchesTheCode holds the document's routes (a head operation for every GET, as the
 // mux answers HEAD), names, enums, limits, query parameters and error codes to the code.
 func TestOpenAPIMatchesTheCode(t *testing.T) {
@@ -335,7 +344,7 @@ func TestOpenAPIMatchesTheCode(t *testing.T) {
 		sameSet(t, name+" properties", sortedKeys(schema(name, "properties")), jsonNames(view))
 		sameSet(t, name+" required", strs(schema(name)["required"]), jsonNames(view))
 	}
-	params := map[string][]string{"/product-payment/changes": {"since", "limit", "wait"},
+	params := map[string][]string{"/product-payment/changes": {"since", "limit"},
 		"/product-payment/list":         {"limit", "after", "state", "isLive", "paymentMethod", "metadata"},
 		"/product-payment/history/{id}": {"limit", "after"}}
 	for path, decode := range queryDecoders {
@@ -354,16 +363,41 @@ func TestOpenAPIMatchesTheCode(t *testing.T) {
 					t.Errorf("%s %s: got default %v, read as %v (%v), want %v", path, name, d, got, err, none)
 				}
 			}
-			for key, beyond := range map[string]int64{"minimum": -1, "maximum": 1} {
+			for key, beyond := range map[string]int64{"minimum": -1, "maximum": 1, "maxProperties": 1} {
+				query := func(n int64) string { return fmt.Sprintf("%s=%d", name, n) }
+				if key == "maxProperties" {
+					query = metadataFilters
+				}
 				if n, err := strconv.ParseInt(fmt.Sprint(s[key]), 10, 64); err == nil {
-					_, at := decode(fmt.Sprintf("%s=%d", name, n))
-					if _, past := decode(fmt.Sprintf("%s=%d", name, n+beyond)); at != nil || past == nil {
+					_, at := decode(query(n))
+					if _, past := decode(query(n + beyond)); at != nil || past == nil {
 						t.Errorf("%s %s=%d, its %s: got %v, and %v past it", path, name, n, key, at, past)
 					}
 				}
 			}
 		}
 		sameSet(t, path+" query parameters", names, params[path])
+		if _, err := decode("wait=1"); err == nil || !strings.HasPrefix(problemsOf(t, err)["wait"], "unknown") {
+			t.Errorf("%s?wait=1: got %v, want wait refused as unknown, as any parameter not documented", path, err)
+		}
+	}
+	// A 400 names at most so many problems, says how many more there were, and cuts long names.
+	unknown, most := map[string]any{}, schema("InvalidRequestEnvelope", "properties", "errors")["maxProperties"]
+	for i := range 30 {
+		unknown[fmt.Sprintf("f%02d%s", i, strings.Repeat("x", 50))] = 1
+	}
+	refusal := errorOf(decodeCreate([]byte(createBody(unknown)), "the service"))
+	named := problemsOf(t, refusal)
+	if fmt.Sprint(len(named)) != fmt.Sprint(most) || !regexp.MustCompile(`\b10\b`).MatchString(refusal.Error()) {
+		t.Errorf("30 unknown fields: got %d named, %q; want %v, saying 10 more", len(named), refusal, most)
+	}
+	for name := range named {
+		cut, ok := strings.CutSuffix(name, "\u2026")
+		if sent := slices.ContainsFunc(sortedKeys(unknown), func(f string) bool { return strings.HasPrefix(f, cut) }); !ok ||
+			!sent || utf8.RuneCountInString(name) > 41 {
+			t.Errorf("got the field name %q, want one sent cut to 40 characters, ending in \u2026", name)
+			break
+		}
 	}
 	for spelling := range billingIntervals { // the request pattern takes every spelling, in any case
 		for _, s := range []string{spelling, strings.ToUpper(spelling), strings.ToUpper(spelling[:1]) + spelling[1:]} {
