@@ -61,7 +61,7 @@ export async function lifecycle(): Promise<Button[]> {
       paymentType: "one_time", isLive: false, metadata: { orderRef: "A-17" } },
   });
   const id: string = created.data?.data ?? "";
-  await updateButton({ path: { id }, headers: { "If-Match": '"1"' }, body: { amount: 12, metadata: { orderRef: null } } });
+  await updateButton({ path: { id }, headers: { "If-Match": '"1"' }, body: { amount: "12.00", metadata: { orderRef: null } } });
   const history = await getButtonHistory({ path: { id }, query: { limit: 2 } });
   const next: number | null | undefined = history.data?.data.next;
   const page = await listButtons({ query: { metadata: { orderRef: "A-17" }, after: next === null ? undefined : id } });
@@ -79,14 +79,14 @@ const api = createClient<paths>({ baseUrl: "http://127.0.0.1:8080", headers: { "
 
 export async function lifecycle(): Promise<components["schemas"]["Button"][]> {
   const created = await api.POST("/product-payment/create", {
-    body: { productName: "Pro plan", amount: 19.9, currency: "USD", paymentMethod: "the service",
+    body: { productName: "Pro plan", amount: "19.90", currency: "USD", paymentMethod: "the service",
       paymentType: "subscription", billingInterval: "Monthly", isLive: true },
   });
   const id: string = created.data?.data ?? "";
   await api.POST("/product-payment/update/{id}", {
     params: { path: { id }, header: { "If-Match": '"1"' } }, body: { description: null, metadata: { team: "web" } },
   });
-  const changes = await api.GET("/product-payment/changes", { params: { query: { since: 0, wait: 1 } } });
+  const changes = await api.GET("/product-payment/changes", { params: { query: { since: 0 } } });
   const since: number = changes.data?.data.next ?? 0;
   const page = await api.GET("/product-payment/list", { params: { query: { metadata: { team: "web" }, limit: since > 0 ? 2 : 20 } } });
   return page.data?.data.items ?? [];

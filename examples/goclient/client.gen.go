@@ -1220,20 +1220,10 @@ func (e HeadListButtonsParamsState) Valid() bool {
 	}
 }
 
-// Amount A plain decimal: digits, optionally a dot and more digits; no sign, exponent or spaces. Sent as a JSON string or as a JSON number. It must be greater than zero, fit the currency's minor unit (USD 2 decimal places, JPY 0, KWD 3; trailing zeros are fine) and be at most 10^15 minor units.
-type Amount struct {
-	union json.RawMessage
-}
-
-// AmountNumber An amount as a JSON number, whose text is read as it is (never through a float): digits, optionally a dot and digits; no exponent.
+// Amount A plain decimal in a JSON string: digits, optionally a dot and more digits; no sign, exponent or spaces. It must be greater than zero, fit the currency's minor unit (USD 2 decimal places, JPY 0, KWD 3; trailing zeros are fine) and be at most 10^15 minor units. Send a string. The server also accepts a JSON number, read from its text and never through a float, but a client that holds money in a float loses cents (`1234567.89` in a 32-bit float is sent as `1234567.9`), so this document declares strings only.
 //
-// Examples: 500
-type AmountNumber = float32
-
-// AmountText An amount as decimal text.
-//
-// Examples: 19.90
-type AmountText = string
+// Examples: 19.90, 4500, 120.500
+type Amount = string
 
 // BillingInterval How often a subscription bills, as stored.
 type BillingInterval string
@@ -1254,7 +1244,7 @@ type Button struct {
 	// BillingInterval `null` for a one-time price.
 	BillingInterval *BillingInterval `json:"billingInterval"`
 
-	// ChangeSeq The number of the button's last change in the database's one sequence of changes, which only grows: see the change feed.
+	// ChangeSeq The number of the button's last change in the database's one sequence of changes (see the change feed). It only grows, and it is at least the change's time in microseconds since 1970, so a database restored from a backup never reuses a number a client has seen. Below 2^53: a JavaScript number holds it exactly.
 	ChangeSeq int64 `json:"changeSeq"`
 
 	// CreatedAt RFC 3339 in UTC, with milliseconds.
@@ -1293,7 +1283,7 @@ type Button struct {
 	// Examples: 2026-03-14T09:26:53.589Z
 	UpdatedAt Timestamp `json:"updatedAt"`
 
-	// Version 1 at create, one more with every change (update, delete, restore); also the `ETag` of get.
+	// Version 1 at create, one more with every change (update, delete, restore); also the `ETag` of get and of a write's answer.
 	Version int64 `json:"version"`
 }
 
@@ -1395,7 +1385,9 @@ type CreateButtonRequest struct {
 	// ApplicationFeePercentage Required when `paymentMethod` is `StripeConnect`; refused with any other payment method (leave it out or send `null`). Note the capital A.
 	ApplicationFeePercentage *FeePercentage `json:"ApplicationFeePercentage,omitempty"`
 
-	// Amount A plain decimal: digits, optionally a dot and more digits; no sign, exponent or spaces. Sent as a JSON string or as a JSON number. It must be greater than zero, fit the currency's minor unit (USD 2 decimal places, JPY 0, KWD 3; trailing zeros are fine) and be at most 10^15 minor units.
+	// Amount A plain decimal in a JSON string: digits, optionally a dot and more digits; no sign, exponent or spaces. It must be greater than zero, fit the currency's minor unit (USD 2 decimal places, JPY 0, KWD 3; trailing zeros are fine) and be at most 10^15 minor units. Send a string. The server also accepts a JSON number, read from its text and never through a float, but a client that holds money in a float loses cents (`1234567.89` in a 32-bit float is sent as `1234567.9`), so this document declares strings only.
+	//
+	// Examples: 19.90, 4500, 120.500
 	Amount Amount `json:"amount"`
 
 	// BillingInterval How often a subscription bills: `day`, `week`, `month` or `year`, in any letter case; `daily`, `weekly`, `monthly`, `yearly` and `annually` are read as those. Required when `paymentType` is `subscription`; absent, `null` or `""` when it is `one_time`.
@@ -1521,20 +1513,10 @@ type ErrorEnvelopeData string
 // ErrorEnvelopeIsSuccess defines model for ErrorEnvelope.IsSuccess.
 type ErrorEnvelopeIsSuccess bool
 
-// FeeNumber A percentage as a JSON number, read like an amount.
-//
-// Examples: 2.5
-type FeeNumber = float32
-
-// FeePercentage The application fee in percent: 0.01 to 100 inclusive, at most 2 decimal places (trailing zeros are fine). A JSON string or a JSON number, read like `amount`.
-type FeePercentage struct {
-	union json.RawMessage
-}
-
-// FeeText A percentage as decimal text.
+// FeePercentage The application fee in percent, a plain decimal in a JSON string: 0.01 to 100 inclusive, at most 2 decimal places (trailing zeros are fine). Send a string. The server also accepts a JSON number, read from its text and never through a float, as for `amount`; this document declares strings only.
 //
 // Examples: 2.50
-type FeeText = string
+type FeePercentage = string
 
 // FlagChange `isLive` before and after the change; `from` is `null` on create.
 type FlagChange struct {
@@ -1727,11 +1709,11 @@ type InvalidRequestEnvelope struct {
 	Code InvalidRequestEnvelopeCode `json:"code"`
 	Data InvalidRequestEnvelopeData `json:"data"`
 
-	// Errors Every failing field, metadata key (`metadata.KEY`), query parameter or header, and why. `body` names a problem with the body as a whole, `query` an unreadable query string.
+	// Errors The failing fields, metadata keys (`metadata.KEY`), query parameters or headers, and why: at most 20 (`message` says how many more there were). `body` names a problem with the body as a whole, `query` an unreadable query string. A name longer than 40 characters is shown cut, ending in `…`.
 	Errors    map[string]string               `json:"errors"`
 	IsSuccess InvalidRequestEnvelopeIsSuccess `json:"isSuccess"`
 
-	// Message `<field> <why>` for one problem, `N fields are invalid: a, b` for several.
+	// Message `<field> <why>` for one problem, `N fields are invalid: a, b` for several; when more than 20 fail, it also says how many more there were than `errors` names.
 	Message string `json:"message"`
 }
 
@@ -2037,9 +2019,6 @@ type Since = int64
 // State defines model for State.
 type State string
 
-// Wait defines model for Wait.
-type Wait = int
-
 // ButtonCreated The answer to a write that created the button.
 type ButtonCreated = CreatedResult
 
@@ -2169,14 +2148,11 @@ type HeadOpenAPIDocumentParams struct {
 
 // GetChangesParams defines parameters for GetChanges.
 type GetChangesParams struct {
-	// Since The `next` of the previous answer: only buttons changed after it. 0 (the default) for every button of the account.
+	// Since The `next` of the previous answer: only buttons changed after it. 0 (the default) for every button of the account. A whole number from 0 to 9007199254740991 (2^53 - 1).
 	Since *Since `form:"since,omitempty" json:"since,omitempty"`
 
 	// Limit At most this many buttons.
 	Limit *ChangesLimit `form:"limit,omitempty" json:"limit,omitempty"`
-
-	// Wait Seconds to hold the request when nothing is newer than `since`: it answers as soon as a change of this account commits, or with no items when the wait ends. The server's shutdown answers at once.
-	Wait *Wait `form:"wait,omitempty" json:"wait,omitempty"`
 
 	// XRequestId Your id for this request, echoed in the response's `X-Request-Id` and written in the log and in the button's history when it is 1 to 128 of `A-Z a-z 0-9 . _ : -`. Any other value is not refused: the service uses an id of its own instead.
 	XRequestId *RequestId `json:"X-Request-Id,omitempty"`
@@ -2184,14 +2160,11 @@ type GetChangesParams struct {
 
 // HeadChangesParams defines parameters for HeadChanges.
 type HeadChangesParams struct {
-	// Since The `next` of the previous answer: only buttons changed after it. 0 (the default) for every button of the account.
+	// Since The `next` of the previous answer: only buttons changed after it. 0 (the default) for every button of the account. A whole number from 0 to 9007199254740991 (2^53 - 1).
 	Since *Since `form:"since,omitempty" json:"since,omitempty"`
 
 	// Limit At most this many buttons.
 	Limit *ChangesLimit `form:"limit,omitempty" json:"limit,omitempty"`
-
-	// Wait Seconds to hold the request when nothing is newer than `since`: it answers as soon as a change of this account commits, or with no items when the wait ends. The server's shutdown answers at once.
-	Wait *Wait `form:"wait,omitempty" json:"wait,omitempty"`
 
 	// XRequestId Your id for this request, echoed in the response's `X-Request-Id` and written in the log and in the button's history when it is 1 to 128 of `A-Z a-z 0-9 . _ : -`. Any other value is not refused: the service uses an id of its own instead.
 	XRequestId *RequestId `json:"X-Request-Id,omitempty"`
@@ -2208,7 +2181,7 @@ type CreateButtonParams struct {
 
 // DeleteButtonParams defines parameters for DeleteButton.
 type DeleteButtonParams struct {
-	// IfMatch The `ETag` get sent: the version in double quotes, such as `"3"`. The change is applied only if the button still has that version, else `412 precondition_failed`. `*` or an empty value matches any version. Anything else (a bare number, a weak `W/` tag, a list) is a 400 naming `If-Match`. The quoted text is read as a Go string literal, so the pattern also admits the escapes of a digit.
+	// IfMatch The `ETag` that get or the last write sent: the version in double quotes, such as `"3"`. The change is applied only if the button still has that version, else `412 precondition_failed`. `*` or an empty value matches any version. Anything else (a bare number, a weak `W/` tag, a list) is a 400 naming `If-Match`. The quoted text is read as a Go string literal, so the pattern also admits the escapes of a digit.
 	IfMatch *IfMatch `json:"If-Match,omitempty"`
 
 	// IdempotencyKey Makes a retry safe: the same key with the same request gets the first answer again, with `Idempotent-Replayed: true`, for 24 hours. Keys are per account. A value that is not 1 to 255 printable ASCII characters, or the header sent twice, is a 400 naming `Idempotency-Key`.
@@ -2235,7 +2208,7 @@ type GetButtonHistoryParams struct {
 	// Limit Page size.
 	Limit *HistoryLimit `form:"limit,omitempty" json:"limit,omitempty"`
 
-	// After The `next` of the previous page: the page starts after this version.
+	// After The `next` of the previous page: the page starts after this version. A whole number from 0 to 9007199254740991 (2^53 - 1).
 	After *HistoryAfter `form:"after,omitempty" json:"after,omitempty"`
 
 	// XRequestId Your id for this request, echoed in the response's `X-Request-Id` and written in the log and in the button's history when it is 1 to 128 of `A-Z a-z 0-9 . _ : -`. Any other value is not refused: the service uses an id of its own instead.
@@ -2247,7 +2220,7 @@ type HeadButtonHistoryParams struct {
 	// Limit Page size.
 	Limit *HistoryLimit `form:"limit,omitempty" json:"limit,omitempty"`
 
-	// After The `next` of the previous page: the page starts after this version.
+	// After The `next` of the previous page: the page starts after this version. A whole number from 0 to 9007199254740991 (2^53 - 1).
 	After *HistoryAfter `form:"after,omitempty" json:"after,omitempty"`
 
 	// XRequestId Your id for this request, echoed in the response's `X-Request-Id` and written in the log and in the button's history when it is 1 to 128 of `A-Z a-z 0-9 . _ : -`. Any other value is not refused: the service uses an id of its own instead.
@@ -2271,7 +2244,7 @@ type ListButtonsParams struct {
 	// PaymentMethod Only buttons with this payment method, written exactly as in `PaymentMethod`.
 	PaymentMethod *PaymentMethodFilter `form:"paymentMethod,omitempty" json:"paymentMethod,omitempty"`
 
-	// Metadata `metadata[KEY]=VALUE`: only buttons whose metadata holds exactly that value for that key. Several must all match.
+	// Metadata `metadata[KEY]=VALUE`: only buttons whose metadata holds exactly that value for that key. Several must all match; at most 50 in one request (more is a 400).
 	Metadata *MetadataFilter `json:"metadata,omitempty"`
 
 	// XRequestId Your id for this request, echoed in the response's `X-Request-Id` and written in the log and in the button's history when it is 1 to 128 of `A-Z a-z 0-9 . _ : -`. Any other value is not refused: the service uses an id of its own instead.
@@ -2298,7 +2271,7 @@ type HeadListButtonsParams struct {
 	// PaymentMethod Only buttons with this payment method, written exactly as in `PaymentMethod`.
 	PaymentMethod *PaymentMethodFilter `form:"paymentMethod,omitempty" json:"paymentMethod,omitempty"`
 
-	// Metadata `metadata[KEY]=VALUE`: only buttons whose metadata holds exactly that value for that key. Several must all match.
+	// Metadata `metadata[KEY]=VALUE`: only buttons whose metadata holds exactly that value for that key. Several must all match; at most 50 in one request (more is a 400).
 	Metadata *MetadataFilter `json:"metadata,omitempty"`
 
 	// XRequestId Your id for this request, echoed in the response's `X-Request-Id` and written in the log and in the button's history when it is 1 to 128 of `A-Z a-z 0-9 . _ : -`. Any other value is not refused: the service uses an id of its own instead.
@@ -2310,7 +2283,7 @@ type HeadListButtonsParamsState string
 
 // RestoreButtonParams defines parameters for RestoreButton.
 type RestoreButtonParams struct {
-	// IfMatch The `ETag` get sent: the version in double quotes, such as `"3"`. The change is applied only if the button still has that version, else `412 precondition_failed`. `*` or an empty value matches any version. Anything else (a bare number, a weak `W/` tag, a list) is a 400 naming `If-Match`. The quoted text is read as a Go string literal, so the pattern also admits the escapes of a digit.
+	// IfMatch The `ETag` that get or the last write sent: the version in double quotes, such as `"3"`. The change is applied only if the button still has that version, else `412 precondition_failed`. `*` or an empty value matches any version. Anything else (a bare number, a weak `W/` tag, a list) is a 400 naming `If-Match`. The quoted text is read as a Go string literal, so the pattern also admits the escapes of a digit.
 	IfMatch *IfMatch `json:"If-Match,omitempty"`
 
 	// IdempotencyKey Makes a retry safe: the same key with the same request gets the first answer again, with `Idempotent-Replayed: true`, for 24 hours. Keys are per account. A value that is not 1 to 255 printable ASCII characters, or the header sent twice, is a 400 naming `Idempotency-Key`.
@@ -2322,7 +2295,7 @@ type RestoreButtonParams struct {
 
 // UpdateButtonParams defines parameters for UpdateButton.
 type UpdateButtonParams struct {
-	// IfMatch The `ETag` get sent: the version in double quotes, such as `"3"`. The change is applied only if the button still has that version, else `412 precondition_failed`. `*` or an empty value matches any version. Anything else (a bare number, a weak `W/` tag, a list) is a 400 naming `If-Match`. The quoted text is read as a Go string literal, so the pattern also admits the escapes of a digit.
+	// IfMatch The `ETag` that get or the last write sent: the version in double quotes, such as `"3"`. The change is applied only if the button still has that version, else `412 precondition_failed`. `*` or an empty value matches any version. Anything else (a bare number, a weak `W/` tag, a list) is a 400 naming `If-Match`. The quoted text is read as a Go string literal, so the pattern also admits the escapes of a digit.
 	IfMatch *IfMatch `json:"If-Match,omitempty"`
 
 	// IdempotencyKey Makes a retry safe: the same key with the same request gets the first answer again, with `Idempotent-Replayed: true`, for 24 hours. Keys are per account. A value that is not 1 to 255 printable ASCII characters, or the header sent twice, is a 400 naming `Idempotency-Key`.
@@ -2541,130 +2514,6 @@ func (a HistoryChanges) MarshalJSON() ([]byte, error) {
 	return json.Marshal(object)
 }
 
-// AsAmountText returns the union data inside the Amount as a AmountText
-func (t Amount) AsAmountText() (AmountText, error) {
-	var body AmountText
-	err := json.Unmarshal(t.union, &body)
-	return body, err
-}
-
-// FromAmountText overwrites any union data inside the Amount as the provided AmountText
-func (t *Amount) FromAmountText(v AmountText) error {
-	b, err := json.Marshal(v)
-	t.union = b
-	return err
-}
-
-// MergeAmountText performs a merge with any union data inside the Amount, using the provided AmountText
-func (t *Amount) MergeAmountText(v AmountText) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-
-	merged, err := runtime.JSONMerge(t.union, b)
-	t.union = merged
-	return err
-}
-
-// AsAmountNumber returns the union data inside the Amount as a AmountNumber
-func (t Amount) AsAmountNumber() (AmountNumber, error) {
-	var body AmountNumber
-	err := json.Unmarshal(t.union, &body)
-	return body, err
-}
-
-// FromAmountNumber overwrites any union data inside the Amount as the provided AmountNumber
-func (t *Amount) FromAmountNumber(v AmountNumber) error {
-	b, err := json.Marshal(v)
-	t.union = b
-	return err
-}
-
-// MergeAmountNumber performs a merge with any union data inside the Amount, using the provided AmountNumber
-func (t *Amount) MergeAmountNumber(v AmountNumber) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-
-	merged, err := runtime.JSONMerge(t.union, b)
-	t.union = merged
-	return err
-}
-
-func (t Amount) MarshalJSON() ([]byte, error) {
-	b, err := t.union.MarshalJSON()
-	return b, err
-}
-
-func (t *Amount) UnmarshalJSON(b []byte) error {
-	err := t.union.UnmarshalJSON(b)
-	return err
-}
-
-// AsFeeText returns the union data inside the FeePercentage as a FeeText
-func (t FeePercentage) AsFeeText() (FeeText, error) {
-	var body FeeText
-	err := json.Unmarshal(t.union, &body)
-	return body, err
-}
-
-// FromFeeText overwrites any union data inside the FeePercentage as the provided FeeText
-func (t *FeePercentage) FromFeeText(v FeeText) error {
-	b, err := json.Marshal(v)
-	t.union = b
-	return err
-}
-
-// MergeFeeText performs a merge with any union data inside the FeePercentage, using the provided FeeText
-func (t *FeePercentage) MergeFeeText(v FeeText) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-
-	merged, err := runtime.JSONMerge(t.union, b)
-	t.union = merged
-	return err
-}
-
-// AsFeeNumber returns the union data inside the FeePercentage as a FeeNumber
-func (t FeePercentage) AsFeeNumber() (FeeNumber, error) {
-	var body FeeNumber
-	err := json.Unmarshal(t.union, &body)
-	return body, err
-}
-
-// FromFeeNumber overwrites any union data inside the FeePercentage as the provided FeeNumber
-func (t *FeePercentage) FromFeeNumber(v FeeNumber) error {
-	b, err := json.Marshal(v)
-	t.union = b
-	return err
-}
-
-// MergeFeeNumber performs a merge with any union data inside the FeePercentage, using the provided FeeNumber
-func (t *FeePercentage) MergeFeeNumber(v FeeNumber) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-
-	merged, err := runtime.JSONMerge(t.union, b)
-	t.union = merged
-	return err
-}
-
-func (t FeePercentage) MarshalJSON() ([]byte, error) {
-	b, err := t.union.MarshalJSON()
-	return b, err
-}
-
-func (t *FeePercentage) UnmarshalJSON(b []byte) error {
-	err := t.union.UnmarshalJSON(b)
-	return err
-}
-
 // RequestEditorFn is the function signature for the RequestEditor callback function
 type RequestEditorFn func(ctx context.Context, req *http.Request) error
 
@@ -2783,7 +2632,7 @@ type ClientInterface interface {
 
 	// GetChanges Follow the account's changes
 	//
-	// The change feed: the account's buttons changed after `since`, each once as it is now, in the order of their last change. Store `next` and ask again with it as `since`: you see every later change and miss none. With `wait`, a request that finds nothing holds until a change of this account commits.
+	// The change feed: the account's buttons changed after `since`, each once as it is now, in the order of their last change. Store `next` and ask again with it as `since`: you see every later change and miss none. A sync job asks again every few seconds. There is no `wait` parameter: like any parameter not listed here, it is a 400.
 	//
 	// Corresponds with GET /product-payment/changes (the `GetChanges` operationId).
 	GetChanges(ctx context.Context, params *GetChangesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2992,7 +2841,7 @@ func (c *Client) HeadOpenAPIDocument(ctx context.Context, params *HeadOpenAPIDoc
 
 // GetChanges Follow the account's changes
 //
-// The change feed: the account's buttons changed after `since`, each once as it is now, in the order of their last change. Store `next` and ask again with it as `since`: you see every later change and miss none. With `wait`, a request that finds nothing holds until a change of this account commits.
+// The change feed: the account's buttons changed after `since`, each once as it is now, in the order of their last change. Store `next` and ask again with it as `since`: you see every later change and miss none. A sync job asks again every few seconds. There is no `wait` parameter: like any parameter not listed here, it is a 400.
 //
 // Corresponds with GET /product-payment/changes (the `GetChanges` operationId).
 func (c *Client) GetChanges(ctx context.Context, params *GetChangesParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -3540,18 +3389,6 @@ func NewGetChangesRequest(server string, params *GetChangesParams) (*http.Reques
 
 		}
 
-		if params.Wait != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "wait", *params.Wait, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
-			}
-
-		}
-
 		if encoded := queryValues.Encode(); encoded != "" {
 			rawQueryFragments = append(rawQueryFragments, encoded)
 		}
@@ -3624,18 +3461,6 @@ func NewHeadChangesRequest(server string, params *HeadChangesParams) (*http.Requ
 		if params.Limit != nil {
 
 			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
-			}
-
-		}
-
-		if params.Wait != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "wait", *params.Wait, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
 				return nil, err
 			} else {
 				for _, qp := range strings.Split(queryFrag, "&") {
@@ -4598,7 +4423,7 @@ type ClientWithResponsesInterface interface {
 
 	// GetChangesWithResponse Follow the account's changes
 	//
-	// The change feed: the account's buttons changed after `since`, each once as it is now, in the order of their last change. Store `next` and ask again with it as `since`: you see every later change and miss none. With `wait`, a request that finds nothing holds until a change of this account commits.
+	// The change feed: the account's buttons changed after `since`, each once as it is now, in the order of their last change. Store `next` and ask again with it as `since`: you see every later change and miss none. A sync job asks again every few seconds. There is no `wait` parameter: like any parameter not listed here, it is a 400.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -5415,6 +5240,7 @@ func (r HeadChangesResponse) ContentType() string {
 // CreateButtonResponse200Headers the declared response headers of an HTTP 200 response for CreateButton
 type CreateButtonResponse200Headers struct {
 	CacheControl        string
+	ETag                string
 	IdempotentReplayed  *string
 	XContentTypeOptions string
 	XRequestId          string
@@ -5646,6 +5472,7 @@ func (r CreateButtonResponse) ContentType() string {
 // DeleteButtonResponse200Headers the declared response headers of an HTTP 200 response for DeleteButton
 type DeleteButtonResponse200Headers struct {
 	CacheControl        string
+	ETag                string
 	IdempotentReplayed  *string
 	XContentTypeOptions string
 	XRequestId          string
@@ -6626,6 +6453,7 @@ func (r HeadListButtonsResponse) ContentType() string {
 // RestoreButtonResponse200Headers the declared response headers of an HTTP 200 response for RestoreButton
 type RestoreButtonResponse200Headers struct {
 	CacheControl        string
+	ETag                string
 	IdempotentReplayed  *string
 	XContentTypeOptions string
 	XRequestId          string
@@ -6860,6 +6688,7 @@ func (r RestoreButtonResponse) ContentType() string {
 // UpdateButtonResponse200Headers the declared response headers of an HTTP 200 response for UpdateButton
 type UpdateButtonResponse200Headers struct {
 	CacheControl        string
+	ETag                string
 	IdempotentReplayed  *string
 	XContentTypeOptions string
 	XRequestId          string
@@ -7215,7 +7044,7 @@ func (c *ClientWithResponses) HeadOpenAPIDocumentWithResponse(ctx context.Contex
 
 // GetChangesWithResponse Follow the account's changes
 //
-// The change feed: the account's buttons changed after `since`, each once as it is now, in the order of their last change. Store `next` and ask again with it as `since`: you see every later change and miss none. With `wait`, a request that finds nothing holds until a change of this account commits.
+// The change feed: the account's buttons changed after `since`, each once as it is now, in the order of their last change. Store `next` and ask again with it as `since`: you see every later change and miss none. A sync job asks again every few seconds. There is no `wait` parameter: like any parameter not listed here, it is a 400.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -8654,6 +8483,13 @@ func ParseCreateButtonResponse(rsp *http.Response) (*CreateButtonResponse, error
 			}
 			headers.CacheControl = value
 		}
+		if values := rsp.Header.Values("ETag"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "ETag", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.ETag = value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -9082,6 +8918,13 @@ func ParseDeleteButtonResponse(rsp *http.Response) (*DeleteButtonResponse, error
 				return nil, err
 			}
 			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("ETag"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "ETag", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.ETag = value
 		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
@@ -10927,6 +10770,13 @@ func ParseRestoreButtonResponse(rsp *http.Response) (*RestoreButtonResponse, err
 			}
 			headers.CacheControl = value
 		}
+		if values := rsp.Header.Values("ETag"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "ETag", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.ETag = value
+		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -11390,6 +11240,13 @@ func ParseUpdateButtonResponse(rsp *http.Response) (*UpdateButtonResponse, error
 				return nil, err
 			}
 			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("ETag"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "ETag", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.ETag = value
 		}
 		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
 			var value string
