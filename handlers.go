@@ -79,7 +79,7 @@ func newServer(st storage, log *slog.Logger, cfg config) *server {
 		mux.Handle(pattern, h)
 	}
 	route("POST /product-payment/create", s.keyed(true, s.handleCreate))
-	route("GET /product-payment/get/{id}", s.keyed(false, s.handleGet))
+	route("GET /product-payment/get/{id}", s.handleGet)
 	route("GET /product-payment/list", s.keyed(false, s.handleList))
 	route("GET /product-payment/history/{id}", s.keyed(false, s.handleHistory))
 	route("GET /product-payment/changes", s.keyed(false, s.handleChanges))
@@ -124,7 +124,7 @@ func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
 			cause: err})
 		return
 	}
-	s.send(w, r, s.render(r, http.StatusOK, envelope{IsSuccess: true, Data: "ok", Message: "the database answers"}), nil)
+	s.send(w, r, render(http.StatusOK, envelope{IsSuccess: true, Data: "ok", Message: "the database answers"}), nil)
 }
 
 func (s *server) handleCreate(w http.ResponseWriter, r *http.Request, who actor) {
@@ -139,13 +139,17 @@ func (s *server) handleCreate(w http.ResponseWriter, r *http.Request, who actor)
 	})
 }
 
-func (s *server) handleGet(w http.ResponseWriter, r *http.Request, who actor) {
-	b, err := s.store.getButton(r.Context(), who.Account, r.PathValue("id"))
-	if err != nil {
+// handleGet admits the key and reads the button in one query: get is the hottest path.
+func (s *server) handleGet(w http.ResponseWriter, r *http.Request) {
+	_, b, err := s.admit(r, false, r.PathValue("id"))
+	switch {
+	case err != nil:
 		s.writeError(w, r, err)
-		return
+	case b.ID == "":
+		s.writeError(w, r, errNotFound)
+	default:
+		s.writeData(w, r, viewOf(b), b.Version)
 	}
-	s.writeData(w, r, viewOf(b), b.Version)
 }
 
 // page is the data of every answer that lists: the items, whether more follow, and the cursor that asks for them.
@@ -290,38 +294,27 @@ func (s *server) changeState(action, message string) func(w http.ResponseWriter,
 }
 
 // respond answers a write: refusal, when the body or a header broke a rule, else the outcome of op, the write
-// itself: message (or "unchanged") and the button's id, its version as the ETag.
+// itself (see answerOf).
 //
 // With an Idempotency-Key the answer is stored with the change, or with the refusal, in one transaction, and a
-// repeat of the same request gets it again, byte for byte. The key with another request is a 422, and while the
+// repeat of the same request gets it again, byte for byte; the key with another request is a 422, and while the
 // first is still running a 409.
 func (s *server) respond(w http.ResponseWriter, r *http.Request, who actor, body []byte, message string,
 	refusal error, op func(actor) (outcome, error)) {
-	render := func(out outcome, err error) answer {
-		if err != nil {
-			return s.renderError(r, err)
-		}
-		if !out.Changed {
-			message = "unchanged"
-		}
-		a := s.render(r, http.StatusOK, envelope{IsSuccess: true, Data: out.ID, Message: message})
-		a.Version = out.Version
-		return a
-	}
-	if refusal != nil { // there is no write to run, only, with an Idempotency-Key, an answer to keep
+	if refusal != nil { // no write to run; with an Idempotency-Key, an answer to keep
 		op = func(who actor) (outcome, error) { return outcome{}, s.store.keepRefusal(r.Context(), who, refusal) }
 	}
 	key, given := r.Header["Idempotency-Key"]
-	if !given {
-		out, err := outcome{}, refusal
-		if refusal == nil {
-			out, err = op(who)
-		}
-		s.send(w, r, render(out, err), err)
+	switch {
+	case !given && refusal != nil:
+		s.writeError(w, r, refusal)
 		return
-	}
-	if len(key) != 1 || len(key[0]) < 1 || len(key[0]) > 255 ||
-		strings.ContainsFunc(key[0], func(c rune) bool { return c < ' ' || c > '~' }) {
+	case !given:
+		out, err := op(who)
+		s.send(w, r, answerOf(message, out, err), err)
+		return
+	case len(key) != 1 || len(key[0]) < 1 || len(key[0]) > 255 ||
+		strings.ContainsFunc(key[0], func(c rune) bool { return c < ' ' || c > '~' }):
 		s.writeError(w, r, invalid(problems{"Idempotency-Key": "must be 1 to 255 printable ASCII characters, sent once"}))
 		return
 	}
@@ -349,14 +342,25 @@ func (s *server) respond(w http.ResponseWriter, r *http.Request, who actor, body
 	case err != errNotFound:
 		s.writeError(w, r, err)
 	default:
-		who.Idempotency = &idempotencyKey{Key: key[0], Fingerprint: fingerprint, Render: render}
+		who.Idempotency = &idempotencyKey{Key: key[0], Fingerprint: fingerprint, Message: message}
 		out, err := op(who)
-		if stored := who.Idempotency.Answer; stored.Body != nil {
-			s.send(w, r, stored, err)
-		} else { // a fault: nothing was stored, and a retry runs afresh
-			s.send(w, r, render(out, err), err)
-		}
+		s.send(w, r, answerOf(message, out, err), err) // the bytes the store kept, unless a fault kept none
 	}
+}
+
+// answerOf renders the answer to a write, a pure function of its arguments, so that the answer a store keeps for an
+// Idempotency-Key is byte for byte the one sent: on success, message (or "unchanged") and the button's id, with its
+// version for the ETag; else err's envelope.
+func answerOf(message string, out outcome, err error) answer {
+	if err != nil {
+		return renderError(err)
+	}
+	if !out.Changed {
+		message = "unchanged"
+	}
+	a := render(http.StatusOK, envelope{IsSuccess: true, Data: out.ID, Message: message})
+	a.Version = out.Version
+	return a
 }
 
 // --- envelope and errors ---
@@ -373,11 +377,11 @@ type envelope struct {
 // internalError is what a client sees of a bug.
 var internalError = []byte(`{"isSuccess":false,"data":"","message":"internal error","code":"internal"}`)
 
-// render encodes env, to be sent with status. An envelope that cannot be encoded becomes the internal error, logged.
-func (s *server) render(r *http.Request, status int, env envelope) answer {
+// render encodes env, to be sent with status. It cannot fail for the values the handlers give it; if it did, the
+// client would read the internal error.
+func render(status int, env envelope) answer {
 	body, err := json.Marshal(env)
 	if err != nil {
-		s.log.Error("encode response", "requestId", requestID(r.Context()), "err", err)
 		return answer{Status: http.StatusInternalServerError, Body: internalError}
 	}
 	return answer{Status: status, Body: body}
@@ -385,21 +389,21 @@ func (s *server) render(r *http.Request, status int, env envelope) answer {
 
 // renderError renders err with its status. An error that is not an *apiError is a bug: the client reads only
 // "internal error".
-func (s *server) renderError(r *http.Request, err error) answer {
+func renderError(err error) answer {
 	var e *apiError
 	if !errors.As(err, &e) || statusOf[e.code] == 0 {
 		e = &apiError{code: codeInternal, message: "internal error"}
 	}
-	return s.render(r, statusOf[e.code], envelope{Data: "", Message: e.message, Code: e.code, Errors: e.fields})
+	return render(statusOf[e.code], envelope{Data: "", Message: e.message, Code: e.code, Errors: e.fields})
 }
 
 func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
-	s.send(w, r, s.renderError(r, err), err)
+	s.send(w, r, renderError(err), err)
 }
 
 // writeData answers 200 with data; a version, when not 0, goes in the ETag.
 func (s *server) writeData(w http.ResponseWriter, r *http.Request, data any, version int64) {
-	a := s.render(r, http.StatusOK, envelope{IsSuccess: true, Data: data, Message: "ok"})
+	a := render(http.StatusOK, envelope{IsSuccess: true, Data: data, Message: "ok"})
 	a.Version = version
 	s.send(w, r, a, nil)
 }
@@ -425,7 +429,7 @@ func (s *server) send(w http.ResponseWriter, r *http.Request, a answer, err erro
 // keyed runs h once the request's key is admitted, before any body is read; else it answers why not.
 func (s *server) keyed(write bool, h func(w http.ResponseWriter, r *http.Request, who actor)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if key, err := s.admit(r, write); err != nil {
+		if key, _, err := s.admit(r, write, ""); err != nil {
 			s.writeError(w, r, err)
 		} else {
 			h(w, r, actor{Account: key.Account, KeyID: key.ID, RequestID: requestID(r.Context())})
@@ -433,35 +437,36 @@ func (s *server) keyed(write bool, h func(w http.ResponseWriter, r *http.Request
 	}
 }
 
-// admit returns the live key the request's X-API-KEY names. It fails with 429 once the client's address has failed
-// authentication too often (without a lookup), 401 for a missing, unknown or revoked key, 403 for a read-only key on
-// a write, and 429 for a key over its rate limit.
-func (s *server) admit(r *http.Request, write bool) (apiKey, error) {
+// admit returns the live key the request's X-API-KEY names and, given a button id, that button of its account (see
+// authenticate). It fails with 429 once the client's address has failed authentication too often (without a
+// lookup), 401 for a missing, unknown or revoked key, 403 for a read-only key on a write, and 429 for a key over its
+// rate limit.
+func (s *server) admit(r *http.Request, write bool, id string) (apiKey, button, error) {
 	secret := r.Header.Get("X-API-KEY")
 	if host, _, _ := net.SplitHostPort(r.RemoteAddr); !s.knownKeys.has(r.Context(), s.store, secret) {
 		if ok, wait := s.failures.allow(host, time.Now()); !ok {
-			return apiKey{}, &apiError{code: codeRateLimited, retry: wait,
+			return apiKey{}, button{}, &apiError{code: codeRateLimited, retry: wait,
 				message: "too many requests without a valid API key from this address; retry later"}
 		}
 	}
 	if secret == "" {
-		return apiKey{}, &apiError{code: codeUnauthorized, message: "the X-API-KEY header is required"}
+		return apiKey{}, button{}, &apiError{code: codeUnauthorized, message: "the X-API-KEY header is required"}
 	}
-	key, err := s.store.authenticate(r.Context(), secret)
+	key, b, err := s.store.authenticate(r.Context(), secret, id)
 	if err != nil {
-		return apiKey{}, err
+		return apiKey{}, button{}, err
 	}
 	if info, _ := r.Context().Value(requestInfoKey{}).(*requestInfo); info != nil {
 		info.keyID = key.ID // for the access line
 	}
 	if write && key.ReadOnly {
-		return apiKey{}, &apiError{code: codeForbidden, message: "this API key is read-only"}
+		return apiKey{}, button{}, &apiError{code: codeForbidden, message: "this API key is read-only"}
 	}
 	if ok, wait := s.limiter.allow(key.ID, time.Now()); !ok {
-		return apiKey{}, &apiError{code: codeRateLimited, message: "too many requests for this API key; retry later",
-			retry: wait}
+		return apiKey{}, button{}, &apiError{code: codeRateLimited, retry: wait,
+			message: "too many requests for this API key; retry later"}
 	}
-	return key, nil
+	return key, b, nil
 }
 
 // knownKeys holds the SHA-256 of every key in the database, read again at most once a second when asked about one

@@ -126,16 +126,15 @@ type apiKey struct {
 // actor is who asks for a change: the account scopes every query; the ids go into the history.
 type actor struct {
 	Account, KeyID, RequestID string
-	Idempotency               *idempotencyKey // when set, the answer is stored with the change
+	Idempotency               *idempotencyKey // when set, the write's answer is stored with it
 }
 
-// idempotencyKey is a client's Idempotency-Key on a write. The store calls Render once, inside the write's
-// transaction, stores the bytes with the change and keeps them in Answer, for the handler to send as they are.
+// idempotencyKey is a client's Idempotency-Key on a write, with what the store needs to keep its answer:
+// answerOf(Message, the outcome) is stored with the change, in the same transaction.
 type idempotencyKey struct {
 	Key         string
 	Fingerprint []byte // identifies the request the key was first used with
-	Render      func(outcome, error) answer
-	Answer      answer
+	Message     string // the write's message on success: "created", "updated", ...
 }
 
 // outcome is what a write did to a button.
@@ -473,26 +472,32 @@ type connLimit struct {
 func (l *connLimit) track(c net.Conn, state http.ConnState) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	switch _, tracked := l.open[c]; {
-	case state == http.StateNew:
-		for idle, s := range l.open {
-			if len(l.open) < l.max {
-				break
-			}
-			if s == http.StateIdle {
-				idle.Close()
-				delete(l.open, idle)
-			}
+	switch state {
+	case http.StateNew:
+		if len(l.open) >= l.max {
+			l.closeAnIdleOne()
 		}
 		if len(l.open) >= l.max {
-			c.Close()
+			c.Close() // its StateClosed comes later, and finds it untracked
 			return
 		}
 		l.open[c] = state
-	case state == http.StateClosed || state == http.StateHijacked:
+	case http.StateClosed, http.StateHijacked:
 		delete(l.open, c)
-	case tracked:
-		l.open[c] = state
+	default: // active or idle: a connection tracked since StateNew
+		if _, tracked := l.open[c]; tracked {
+			l.open[c] = state
+		}
+	}
+}
+
+func (l *connLimit) closeAnIdleOne() {
+	for c, state := range l.open {
+		if state == http.StateIdle {
+			c.Close()
+			delete(l.open, c)
+			return
+		}
 	}
 }
 
@@ -550,16 +555,26 @@ func keys(ctx context.Context, command string, args []string, getenv func(string
 	case "list":
 		var all []apiKey
 		all, err = st.listKeys(ctx)
-		orNever := func(t timestamp) string { return map[bool]string{true: "never", false: t.String()}[t.IsZero()] }
 		for _, k := range all {
-			fmt.Fprintf(stdout, "%s\t%s\t%s\tcreated %s\tlast used %s\trevoked %s\n", k.ID, k.Account,
-				map[bool]string{false: "read-write", true: "read-only"}[k.ReadOnly], k.CreatedAt,
-				orNever(k.LastUsedAt), orNever(k.RevokedAt))
+			scope := "read-write"
+			if k.ReadOnly {
+				scope = "read-only"
+			}
+			fmt.Fprintf(stdout, "%s\t%s\t%s\tcreated %s\tlast used %s\trevoked %s\n", k.ID, k.Account, scope,
+				k.CreatedAt, orNever(k.LastUsedAt), orNever(k.RevokedAt))
 		}
 	case "revoke":
 		err = st.revokeKey(ctx, fs.Arg(0))
 	}
 	return cmp.Or(err, st.close(false))
+}
+
+// orNever shows a time of keys list, "never" for none.
+func orNever(t timestamp) string {
+	if t.IsZero() {
+		return "never"
+	}
+	return t.String()
 }
 
 // fileCommand runs `backup [-db FILE] DEST_FILE`, a consistent copy of the database taken while servers keep using

@@ -20,7 +20,7 @@ import (
 
 // storage is every operation the handlers use. An expected outcome is an *apiError; any other error is a fault.
 type storage interface {
-	authenticate(ctx context.Context, secret string) (apiKey, error) // the live key, or errUnknownKey: the one judge
+	authenticate(ctx context.Context, secret, id string) (apiKey, button, error) // the one judge of keys
 	listKeys(ctx context.Context) ([]apiKey, error)                  // every key, revoked ones too
 	getButton(ctx context.Context, account, id string) (button, error)
 	listButtons(ctx context.Context, account string, f listFilter) (page []button, next string, err error)
@@ -565,20 +565,32 @@ func (s *store) revokeKey(ctx context.Context, id string) error {
 	return err
 }
 
-// authenticate returns the live key whose secret this is, or errUnknownKey. It is the one place that decides whether
-// a key is live, and reads the database every time: a key revoked by another process stops at its next request.
-func (s *store) authenticate(ctx context.Context, secret string) (apiKey, error) {
+// authenticate returns the live key whose secret this is, or errUnknownKey; with a button id (get), also that button
+// of the key's account, read in the same query (a zero button when there is none). It is the one place that decides
+// whether a key is live, and reads the database every time: a key revoked by another process stops at its next
+// request.
+func (s *store) authenticate(ctx context.Context, secret, id string) (apiKey, button, error) {
+	const liveKey = `SELECT id AS key_id, account AS key_account, read_only AS key_read_only FROM api_keys
+		WHERE secret_hash = ? AND revoked_at IS NULL`
 	hash := sha256.Sum256([]byte(secret))
 	var k apiKey
-	err := s.reads.queryRow(ctx, `SELECT id, account, read_only FROM api_keys
-		WHERE secret_hash = ? AND revoked_at IS NULL`, hash[:]).Scan(&k.ID, &k.Account, &k.ReadOnly)
+	var b button
+	var err error = errNotFound
+	if validButtonID(id) {
+		b, err = scanButton(s.reads.queryRow(ctx, `SELECT `+selectButton+`, key_id, key_read_only FROM (`+liveKey+`)
+			JOIN buttons ON account = key_account AND id = ?`, hash[:], id), &k.ID, &k.ReadOnly)
+		k.Account = b.Account
+	}
+	if err == errNotFound { // no id, no such button, or no such key: the key alone says which
+		err = s.reads.queryRow(ctx, liveKey, hash[:]).Scan(&k.ID, &k.Account, &k.ReadOnly)
+	}
 	if errors.Is(err, sql.ErrNoRows) {
-		return apiKey{}, errUnknownKey
+		return apiKey{}, button{}, errUnknownKey
 	}
 	if err == nil {
 		s.noteKeyUsed(k.ID)
 	}
-	return k, s.check(err)
+	return k, b, s.check(err)
 }
 
 // noteKeyUsed records a key's last use at most once a minute, in the background: reads cost no write.
@@ -829,30 +841,26 @@ func (s *store) changeButton(ctx context.Context, who actor, id string, ifMatch 
 // --- idempotency keys ---
 
 // apply runs change in the writer's next transaction and returns its outcome, the *apiError that refused it (nothing
-// written), or a fault. With who.Idempotency, the answer rendered from that outcome is stored in the same
+// written), or a fault. With who.Idempotency, the answer to that outcome (answerOf, handlers.go) is stored in the same
 // transaction: a crash keeps neither the change without its answer nor the answer without its change.
 func (s *store) apply(ctx context.Context, who actor, change func(tx *writeTx) (outcome, error)) (outcome, error) {
 	var out outcome
 	var refusal error
-	key := who.Idempotency
 	err := s.write(ctx, func(tx *writeTx) error {
-		var err error
-		if out, err = change(tx); err != nil && !errors.As(err, new(*apiError)) {
-			return err // a fault fails the batch
+		if out, refusal = change(tx); refusal != nil && !errors.As(refusal, new(*apiError)) {
+			return refusal // a fault fails the batch
 		}
-		if refusal = err; key == nil {
+		key := who.Idempotency
+		if key == nil {
 			return nil
 		}
-		key.Answer = key.Render(out, refusal)
-		_, err = tx.exec(`INSERT OR REPLACE INTO idempotency_keys
+		a := answerOf(key.Message, out, refusal)
+		_, err := tx.exec(`INSERT OR REPLACE INTO idempotency_keys
 				(account, key, fingerprint, status, body, version, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)`,
-			who.Account, key.Key, key.Fingerprint, key.Answer.Status, key.Answer.Body, key.Answer.Version, now())
+			who.Account, key.Key, key.Fingerprint, a.Status, a.Body, a.Version, now())
 		return err
 	})
 	if err != nil {
-		if key != nil {
-			key.Answer = answer{} // rendered, but rolled back with the batch
-		}
 		return outcome{}, err
 	}
 	return out, refusal

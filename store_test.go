@@ -156,7 +156,7 @@ func TestLastUsedIsWrittenOnceAMinute(t *testing.T) {
 	}
 	// use authenticates with the key and returns last_used_at once it is no longer was, or after 300 ms.
 	use := func(was string) string {
-		if _, err := st.authenticate(context.Background(), secret); err != nil {
+		if _, _, err := st.authenticate(context.Background(), secret, ""); err != nil {
 			t.Fatal(err)
 		}
 		var v sql.NullString

@@ -114,27 +114,22 @@ func decodeCreate(body []byte, providerName string) (button, error) {
 	}
 	b.Metadata, _ = f.metadata(nil)
 
-	var typeOK, intervalOK bool
+	var typeOK, intervalOK, methodOK bool
 	b.PaymentType, typeOK = f.oneOf("paymentType", true, "one_time", "subscription")
 	b.BillingInterval, intervalOK = f.billingInterval()
-	switch {
-	case !typeOK || !intervalOK:
-	case b.PaymentType == "subscription" && b.BillingInterval == "":
+	if typeOK && intervalOK && b.PaymentType == "subscription" && b.BillingInterval == "" {
 		f.fail("billingInterval", "is required when paymentType is subscription")
-	case b.PaymentType == "one_time" && b.BillingInterval != "":
+	} else if typeOK && intervalOK && b.PaymentType == "one_time" && b.BillingInterval != "" {
 		f.fail("billingInterval", "must be absent when paymentType is one_time")
 	}
-
-	var methodOK bool
 	b.PaymentMethod, methodOK = f.oneOf("paymentMethod", true, providerName, "Stripe", "StripeConnect")
 	_, feeGiven := f.get(feeField, false)
-	switch {
-	case methodOK && b.PaymentMethod == "StripeConnect" && !feeGiven:
+	if methodOK && b.PaymentMethod != "StripeConnect" {
+		if feeGiven { // said without reading the value: the fix is to drop the field
+			f.fail(feeField, "is only allowed when paymentMethod is StripeConnect")
+		}
+	} else if b.FeeBasisPoints, _ = f.fee(); methodOK && !feeGiven {
 		f.fail(feeField, "is required when paymentMethod is StripeConnect")
-	case !methodOK || b.PaymentMethod == "StripeConnect":
-		b.FeeBasisPoints, _ = f.fee()
-	case feeGiven: // said without reading the value: the fix is to drop the field
-		f.fail(feeField, "is only allowed when paymentMethod is StripeConnect")
 	}
 	return b, invalid(f.problems)
 }
