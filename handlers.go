@@ -276,9 +276,9 @@ func (s *server) handleUpdate(w http.ResponseWriter, r *http.Request, who actor)
 		return
 	}
 	ifMatch, refusal := parseIfMatch(r.Header.Get("If-Match"))
-	apply, bodyRefusal := decodeUpdate(body)
+	u, bodyRefusal := decodeUpdate(body)
 	s.respond(w, r, who, body, "updated", cmp.Or(refusal, bodyRefusal), func(who actor) (outcome, error) {
-		return s.store.changeButton(r.Context(), who, r.PathValue("id"), ifMatch, "update", apply)
+		return s.store.changeButton(r.Context(), who, r.PathValue("id"), ifMatch, "update", u.apply)
 	})
 }
 

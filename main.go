@@ -663,17 +663,18 @@ func sameFile(path string, file os.FileInfo) bool {
 }
 
 // claimServer makes this process the one server of the database file at path (see dbFile) until release; while
-// another holds it, it fails with a line that says so. The claim is a lock on path+"-lock". A server puts its lock
-// file back within a second of its removal (a "stale lock" reflex), so a missing lock file beside a WAL (some process
-// may be using the database) is waited for, two seconds, before this server makes its own. keys, backup and check
-// never claim: they work beside a server.
+// another server holds the file, it fails with a line that says so. keys, backup and check never claim: they work
+// beside a server.
+//
+// The claim is an exclusive lock on the file path+"-lock", which the system drops when the process ends, however it
+// ends. Its one weakness is that file's removal by hand (a "stale lock" reflex): the next server would lock a new
+// one. So a server puts its lock file back within a second of its removal, and a server that finds no lock file
+// while a WAL exists (a sign that some process is using the database) waits two seconds for one to come back.
 func claimServer(path string) (release func(), err error) {
 	lockPath := path + "-lock"
 	if _, err := os.Stat(path + "-wal"); err == nil {
-		for start := time.Now(); time.Since(start) < 2*time.Second; time.Sleep(100 * time.Millisecond) {
-			if _, err := os.Stat(lockPath); err == nil {
-				break
-			}
+		for start := time.Now(); time.Since(start) < 2*time.Second && !exists(lockPath); {
+			time.Sleep(100 * time.Millisecond)
 		}
 	}
 	lock, file, err := lockFile(lockPath)
@@ -683,7 +684,7 @@ func claimServer(path string) (release func(), err error) {
 		return nil, fmt.Errorf("database %q: lock file: %w", path, err)
 	}
 	stop, stopped := make(chan struct{}), make(chan struct{})
-	go func() {
+	go func() { // puts the lock file back, locked, whenever it is gone
 		defer close(stopped)
 		for {
 			select {
@@ -692,15 +693,21 @@ func claimServer(path string) (release func(), err error) {
 				return
 			case <-time.After(time.Second):
 			}
-			if !sameFile(lockPath, file) {
-				if fresh, freshFile, err := lockFile(lockPath); err == nil {
-					lock.Close()
-					lock, file = fresh, freshFile
-				}
+			if sameFile(lockPath, file) {
+				continue
+			}
+			if fresh, freshFile, err := lockFile(lockPath); err == nil {
+				lock.Close()
+				lock, file = fresh, freshFile
 			}
 		}
 	}()
 	return func() { close(stop); <-stopped }, nil
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // openOwn opens the paybuttons database at path without migrating it.

@@ -21,7 +21,7 @@ import (
 // storage is every operation the handlers use. An expected outcome is an *apiError; any other error is a fault.
 type storage interface {
 	authenticate(ctx context.Context, secret, id string) (apiKey, button, error) // the one judge of keys
-	listKeys(ctx context.Context) ([]apiKey, error)                  // every key, revoked ones too
+	listKeys(ctx context.Context) ([]apiKey, error)                              // every key, revoked ones too
 	getButton(ctx context.Context, account, id string) (button, error)
 	listButtons(ctx context.Context, account string, f listFilter) (page []button, next string, err error)
 	buttonHistory(ctx context.Context, account, id string, after, limit int64) (page []historyEntry, more bool, err error)
@@ -218,7 +218,14 @@ var errCheckpointBusy = errors.New("the WAL was not checkpointed: another proces
 	"(nothing is lost: the next start applies it)")
 
 // migrations are applied in order at every start; PRAGMA user_version counts them. Never edit one that has shipped:
-// add the next.
+// add the next. The schema they leave, every query scoped to an account:
+//   - api_keys: id, account, secret_hash, read_only, created_at, last_used_at, revoked_at.
+//   - buttons: the button's fields, created_key_id and created_request_id (the create's author) and change_seq;
+//     clustered on (account, id), indexed by (account, state, id) and (account, change_seq).
+//   - button_history: a row per change after the create (change_version, action, key_id, request_id, changed_at)
+//     holding the button as it was before that change.
+//   - idempotency_keys: account, key, fingerprint, status, body, version (the ETag), created_at.
+//   - change_counter: last, the last changeSeq given out.
 var migrations = []string{
 	// 1: keys and buttons.
 	`CREATE TABLE api_keys (

@@ -134,11 +134,18 @@ func decodeCreate(body []byte, providerName string) (button, error) {
 	return b, invalid(f.problems)
 }
 
-// decodeUpdate checks each field of an update body on its own and returns apply, which checks the change against
-// the stored button and makes it: the amount in the currency the button will have (a new currency without a new
-// amount re-expresses the stored one), the fee only on a StripeConnect button, metadata merged key by key. Both
-// fail with invalid_request.
-func decodeUpdate(body []byte) (apply func(*button) error, err error) {
+// update is an update body whose fields each passed their own rules; apply checks it against a stored button.
+type update struct {
+	*fields
+	name, description, currency    string
+	amount                         decimal
+	fee                            int64
+	hasName, hasDescription        bool
+	hasAmount, hasCurrency, hasFee bool
+}
+
+// decodeUpdate reads an update body and checks each field on its own; invalid_request names every failing field.
+func decodeUpdate(body []byte) (*update, error) {
 	f, err := readObject(body, slices.Concat(updateFields, fixedFields))
 	if err != nil {
 		return nil, err
@@ -148,58 +155,65 @@ func decodeUpdate(body []byte) (apply func(*button) error, err error) {
 			f.fail(name, "cannot be changed by update")
 		}
 	}
-	name, nameOK := f.productName(false)
-	description, descriptionOK := f.description()
+	u := &update{fields: f}
+	u.name, u.hasName = f.productName(false)
+	u.description, u.hasDescription = f.description()
 	if v, given := f.given["description"]; given && v == nil {
-		descriptionOK = true // null clears it
+		u.hasDescription = true // null clears it
 	}
-	amount, amountOK := f.amount(false)
-	currency, currencyOK := f.currency(false)
-	if amountOK && currencyOK { // both in the body: the mismatch is reported with the other problems
-		f.minorUnits("amount", amount, currency)
+	u.amount, u.hasAmount = f.amount(false)
+	u.currency, u.hasCurrency = f.currency(false)
+	if u.hasAmount && u.hasCurrency { // both in the body: the mismatch is reported with the other problems
+		f.minorUnits("amount", u.amount, u.currency)
 	}
-	fee, feeOK := f.fee()
-	_, metadataOK := f.metadata(nil)
-	if len(f.problems) == 0 && !nameOK && !descriptionOK && !amountOK && !currencyOK && !feeOK && !metadataOK {
+	u.fee, u.hasFee = f.fee()
+	_, hasMetadata := f.metadata(nil)
+	if len(f.problems) == 0 && !u.hasName && !u.hasDescription && !u.hasAmount && !u.hasCurrency && !u.hasFee &&
+		!hasMetadata {
 		f.fail("body", "has no field to update")
 	}
 	if err := invalid(f.problems); err != nil {
 		return nil, err
 	}
-	return func(b *button) error {
-		next := *b
-		if nameOK {
-			next.ProductName = name
+	return u, nil
+}
+
+// apply makes the update to b, the button as stored, unless it fails with invalid_request: the amount in the
+// currency the button will have (a new currency without a new amount re-expresses the stored one), the fee only on
+// a StripeConnect button, metadata merged key by key. The store calls it inside the write's transaction.
+func (u *update) apply(b *button) error {
+	next := *b
+	if u.hasName {
+		next.ProductName = u.name
+	}
+	if u.hasDescription {
+		next.Description = u.description
+	}
+	if u.hasCurrency {
+		next.Currency = u.currency
+	}
+	if u.hasAmount {
+		next.AmountMinor = u.minorUnits("amount", u.amount, next.Currency)
+	} else if next.Currency != b.Currency {
+		stored := formatAmount(b.AmountMinor, b.Currency)
+		d, _ := parseDecimal(stored) // formatAmount always writes a plain decimal
+		if next.AmountMinor = u.minorUnits("currency", d, next.Currency); u.problems["currency"] != "" {
+			u.problems["currency"] = fmt.Sprintf("cannot be changed to %s without a new amount: the stored amount %s %s",
+				next.Currency, stored, u.problems["currency"])
 		}
-		if descriptionOK {
-			next.Description = description
+	}
+	if u.hasFee {
+		next.FeeBasisPoints = u.fee
+		if b.PaymentMethod != "StripeConnect" {
+			u.fail(feeField, "is only allowed when paymentMethod is StripeConnect (this button uses "+b.PaymentMethod+")")
 		}
-		if currencyOK {
-			next.Currency = currency
-		}
-		if amountOK {
-			next.AmountMinor = f.minorUnits("amount", amount, next.Currency)
-		} else if next.Currency != b.Currency {
-			stored := formatAmount(b.AmountMinor, b.Currency)
-			d, _ := parseDecimal(stored) // formatAmount always writes a plain decimal
-			if next.AmountMinor = f.minorUnits("currency", d, next.Currency); f.problems["currency"] != "" {
-				f.problems["currency"] = fmt.Sprintf("cannot be changed to %s without a new amount: the stored amount %s %s",
-					next.Currency, stored, f.problems["currency"])
-			}
-		}
-		if feeOK {
-			next.FeeBasisPoints = fee
-			if b.PaymentMethod != "StripeConnect" {
-				f.fail(feeField, "is only allowed when paymentMethod is StripeConnect (this button uses "+b.PaymentMethod+")")
-			}
-		}
-		next.Metadata, _ = f.metadata(b.Metadata)
-		if err := invalid(f.problems); err != nil {
-			return err
-		}
-		*b = next
-		return nil
-	}, nil
+	}
+	next.Metadata, _ = u.metadata(b.Metadata)
+	if err := invalid(u.problems); err != nil {
+		return err
+	}
+	*b = next
+	return nil
 }
 
 // readObject reads body as exactly one JSON object, then walks it name by name, so that exact names and repeats are

@@ -254,7 +254,7 @@ func TestDecodeUpdateAndApply(t *testing.T) {
 		got := stored
 		apply, err := decodeUpdate([]byte(tt.body))
 		if err == nil {
-			err = apply(&got)
+			err = apply.apply(&got)
 		}
 		checkProblems(t, tt.body, err, tt.problems)
 		want := stored // a refused change leaves the button as it was
