@@ -27,6 +27,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -305,9 +306,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		if len(args) == 0 {
 			return &usageError{"keys needs a command: create, list or revoke"}
 		}
-		return keys(ctx, args[0], args[1:], getenv, stdout, stderr)
+		return fileCommand(ctx, "keys "+args[0], args[1:], getenv, stdout, stderr)
 	case "backup", "check":
-		return fileCommand(ctx, command, args, getenv, stdout)
+		return fileCommand(ctx, command, args, getenv, stdout, stderr)
 	case "help":
 		fmt.Fprintln(stdout, usage)
 		return nil
@@ -515,44 +516,48 @@ func mintFirstKey(ctx context.Context, st *store, stderr io.Writer) error {
 	return err
 }
 
-// keys runs `keys create|list|revoke`.
-func keys(ctx context.Context, command string, args []string, getenv func(string) string,
+// fileCommand runs the commands that work on the database file beside a running server: keys create|list|revoke,
+// backup (a consistent copy while servers write) and check (PRAGMA integrity_check: "ok", else exit status 1).
+func fileCommand(ctx context.Context, name string, args []string, getenv func(string) string,
 	stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("keys "+command, flag.ContinueOnError)
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	account := fs.String("account", "", "account the new key belongs to (keys create)")
 	readOnly := fs.Bool("read-only", false, "the new key may read buttons, never change them (keys create)")
 	dbPath, err := parseFlags(fs, args, getenv)
+	operand := map[string]string{"keys revoke": "KEY_ID", "backup": "DEST_FILE"}[name]
 	switch {
 	case err != nil:
 		return err
-	case command != "create" && command != "list" && command != "revoke":
-		return &usageError{fmt.Sprintf("unknown keys command %q (try: create, list, revoke)", command)}
-	case command == "create" && !asciiIn(*account, 1, 64, nameChars):
+	case !slices.Contains([]string{"keys create", "keys list", "keys revoke", "backup", "check"}, name):
+		return &usageError{fmt.Sprintf("unknown command %q (try: keys create, keys list, keys revoke)", name)}
+	case name == "keys create" && !asciiIn(*account, 1, 64, nameChars):
 		return &usageError{"keys create needs -account NAME: 1 to 64 letters, digits, '.', '_' or '-'"}
-	case command == "revoke" && fs.NArg() != 1:
-		return &usageError{"keys revoke needs exactly one KEY_ID"}
-	case command != "revoke" && fs.NArg() > 0:
-		return &usageError{fmt.Sprintf("keys %s takes no arguments, got %q", command, fs.Arg(0))}
-	}
-	if _, err := os.Stat(dbPath); err != nil && command != "create" {
+	case operand == "" && fs.NArg() > 0:
+		return &usageError{fmt.Sprintf("%s takes no arguments, got %q", name, fs.Arg(0))}
+	case operand != "" && fs.NArg() != 1:
+		return &usageError{fmt.Sprintf("%s needs exactly one %s", name, operand)}
+	case name != "keys create" && !exists(dbPath):
 		return fmt.Errorf("no database at %q", dbPath)
 	}
 	if dbPath, err = dbFile(dbPath); err != nil {
 		return err
+	}
+	if name == "backup" || name == "check" {
+		return backupOrCheck(ctx, name, dbPath, fs.Arg(0), stdout)
 	}
 	st, err := openStore(dbPath)
 	if err != nil {
 		return err
 	}
 	defer st.close(false)
-	switch command {
-	case "create":
+	switch name {
+	case "keys create":
 		var secret, id string
 		if secret, id, err = st.createKey(ctx, *account, *readOnly); err == nil {
 			fmt.Fprintln(stdout, secret)
 			fmt.Fprintf(stderr, "paybuttons: created %s for account %q\n", id, *account)
 		}
-	case "list":
+	case "keys list":
 		var all []apiKey
 		all, err = st.listKeys(ctx)
 		for _, k := range all {
@@ -563,7 +568,7 @@ func keys(ctx context.Context, command string, args []string, getenv func(string
 			fmt.Fprintf(stdout, "%s\t%s\t%s\tcreated %s\tlast used %s\trevoked %s\n", k.ID, k.Account, scope,
 				k.CreatedAt, orNever(k.LastUsedAt), orNever(k.RevokedAt))
 		}
-	case "revoke":
+	case "keys revoke":
 		err = st.revokeKey(ctx, fs.Arg(0))
 	}
 	return cmp.Or(err, st.close(false))
@@ -575,36 +580,6 @@ func orNever(t timestamp) string {
 		return "never"
 	}
 	return t.String()
-}
-
-// fileCommand runs `backup [-db FILE] DEST_FILE`, a consistent copy of the database taken while servers keep using
-// it, or `check [-db FILE]`, which says "ok" or what is damaged (then exit status 1).
-func fileCommand(ctx context.Context, command string, args []string, getenv func(string) string,
-	stdout io.Writer) error {
-	fs := flag.NewFlagSet(command, flag.ContinueOnError)
-	dbPath, err := parseFlags(fs, args, getenv)
-	switch {
-	case err != nil:
-		return err
-	case command == "backup" && fs.NArg() != 1:
-		return &usageError{"backup needs exactly one DEST_FILE"}
-	case command == "check" && fs.NArg() != 0:
-		return &usageError{fmt.Sprintf("check takes no arguments, got %q", fs.Arg(0))}
-	case command == "backup":
-		if err := backup(ctx, dbPath, fs.Arg(0)); err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "backup of %s written to %s\n", dbPath, fs.Arg(0))
-		return nil
-	}
-	report, err := integrityCheck(ctx, dbPath)
-	if err == nil {
-		fmt.Fprintln(stdout, report)
-	}
-	if err == nil && report != "ok" {
-		err = fmt.Errorf("database %q is damaged: restore it from a backup", dbPath)
-	}
-	return err
 }
 
 // --- the database file: one name, one server, backup, check ---
@@ -710,57 +685,38 @@ func exists(path string) bool {
 	return err == nil
 }
 
-// openOwn opens the paybuttons database at path without migrating it.
-func openOwn(ctx context.Context, path string) (*sql.DB, error) {
-	path, err := dbFile(path)
-	if _, statErr := os.Stat(path); err == nil && statErr != nil {
-		err = fmt.Errorf("no database at %q", path)
-	}
-	if err != nil {
-		return nil, err
-	}
+// backupOrCheck runs backup or check on the paybuttons database at path, which it opens without migrating it. A
+// backup refuses to overwrite dest, and copies to a temporary name first: one killed halfway leaves nothing at dest.
+func backupOrCheck(ctx context.Context, command, path, dest string, stdout io.Writer) error {
 	db, _ := sql.Open("sqlite", sqliteURI(path, "_pragma=busy_timeout(5000)"))
-	version, err := ownVersion(ctx, db)
-	if err == nil && version == 0 {
-		err = errors.New("is not a paybuttons database")
+	defer db.Close()
+	if version, err := ownVersion(ctx, db); err != nil || version == 0 {
+		return fmt.Errorf("database %q: %w", path, cmp.Or(err, errors.New("is not a paybuttons database")))
 	}
-	if err != nil {
-		db.Close()
-		return nil, fmt.Errorf("database %q: %w", path, describeOpenError(err))
+	if command == "check" {
+		var report string
+		err := db.QueryRowContext(ctx, `SELECT group_concat(integrity_check, char(10))
+			FROM pragma_integrity_check`).Scan(&report)
+		if err != nil {
+			return fmt.Errorf("database %q: %w", path, describeOpenError(err))
+		}
+		if fmt.Fprintln(stdout, report); report != "ok" {
+			return fmt.Errorf("database %q is damaged: restore it from a backup", path)
+		}
+		return nil
 	}
-	return db, nil
-}
-
-// backup writes a consistent copy of the database at src to dest while servers write to it. It refuses to overwrite
-// dest, and copies to a temporary name first: a backup killed halfway leaves nothing at dest.
-func backup(ctx context.Context, src, dest string) error {
 	if _, err := os.Lstat(dest); err == nil {
 		return fmt.Errorf("%q already exists; not overwriting it", dest)
 	}
-	db, err := openOwn(ctx, src)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
 	partial := dest + ".partial"
 	os.Remove(partial) // what a killed backup left
 	os.Remove(partial + "-journal")
 	if _, err := db.ExecContext(ctx, "VACUUM INTO ?", partial); err != nil {
 		return fmt.Errorf("backup to %q: %w", dest, err)
 	}
-	return os.Rename(partial, dest)
-}
-
-// integrityCheck returns what PRAGMA integrity_check says of the database at path: "ok", or a line for each problem
-// found.
-func integrityCheck(ctx context.Context, path string) (string, error) {
-	db, err := openOwn(ctx, path)
-	if err != nil {
-		return "", err
+	if err := os.Rename(partial, dest); err != nil {
+		return err
 	}
-	defer db.Close()
-	var report string
-	err = db.QueryRowContext(ctx, `SELECT group_concat(integrity_check, char(10))
-		FROM pragma_integrity_check`).Scan(&report)
-	return report, describeOpenError(err)
+	fmt.Fprintf(stdout, "backup of %s written to %s\n", path, dest)
+	return nil
 }
