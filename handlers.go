@@ -11,12 +11,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"math"
 	mathrand "math/rand/v2"
 	"mime"
 	"net"
 	"net/http"
+	"net/url"
 	"path"
 	"runtime/debug"
 	"slices"
@@ -24,6 +24,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 )
 
 // statusOf is the one table from an error's code to its HTTP status.
@@ -162,7 +163,7 @@ type page[T, C any] struct {
 func (s *server) handleList(w http.ResponseWriter, r *http.Request, who actor) {
 	f, err := decodeListQuery(r.URL.RawQuery, s.providerName)
 	var buttons []button
-	var next string
+	var next *string
 	if err == nil {
 		buttons, next, err = s.store.listButtons(r.Context(), who.Account, f)
 	}
@@ -170,30 +171,23 @@ func (s *server) handleList(w http.ResponseWriter, r *http.Request, who actor) {
 		s.writeError(w, r, err)
 		return
 	}
-	data := page[buttonView, *string]{Items: viewsOf(buttons), HasMore: next != ""}
-	if next != "" {
-		data.Next = &next
-	}
-	s.writeData(w, r, data, 0)
+	s.writeData(w, r, page[buttonView, *string]{Items: viewsOf(buttons), HasMore: next != nil, Next: next}, 0)
 }
 
 func (s *server) handleHistory(w http.ResponseWriter, r *http.Request, who actor) {
 	limit, after, err := decodeHistoryQuery(r.URL.RawQuery)
 	var entries []historyEntry
-	var more bool
+	var next *int64
 	if err == nil {
-		entries, more, err = s.store.buttonHistory(r.Context(), who.Account, r.PathValue("id"), after, limit)
+		entries, next, err = s.store.buttonHistory(r.Context(), who.Account, r.PathValue("id"), after, limit)
 	}
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	data := page[historyItem, *int64]{Items: make([]historyItem, len(entries)), HasMore: more}
+	data := page[historyItem, *int64]{Items: make([]historyItem, len(entries)), HasMore: next != nil, Next: next}
 	for i, e := range entries {
 		data.Items[i] = historyItemOf(e)
-	}
-	if more {
-		data.Next = &data.Items[len(entries)-1].Version
 	}
 	s.writeData(w, r, data, 0)
 }
@@ -494,49 +488,6 @@ func (k *knownKeys) has(ctx context.Context, st storage, secret string) bool {
 	return k.hashes[hash]
 }
 
-// rateLimiter is a token bucket per key (an API key's id, or an address): rate tokens a second up to burst. A rate
-// of 0 turns it off.
-type rateLimiter struct {
-	rate, burst float64
-	mu          sync.Mutex
-	buckets     map[string]*tokenBucket
-}
-
-type tokenBucket struct {
-	tokens float64
-	at     time.Time
-}
-
-func newRateLimiter(rate float64, burst int) *rateLimiter {
-	return &rateLimiter{rate: rate, burst: float64(burst), buckets: map[string]*tokenBucket{}}
-}
-
-// allow takes a token from key's bucket; when there is none it says how long until there will be. Buckets that have
-// filled up again are forgotten once there are many, so that many addresses cannot grow the map without bound.
-func (l *rateLimiter) allow(key string, t time.Time) (bool, time.Duration) {
-	if l.rate <= 0 {
-		return true, 0
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.buckets) > 10_000 {
-		maps.DeleteFunc(l.buckets, func(_ string, b *tokenBucket) bool {
-			return b.tokens+t.Sub(b.at).Seconds()*l.rate >= l.burst
-		})
-	}
-	b, ok := l.buckets[key]
-	if !ok {
-		b = &tokenBucket{tokens: l.burst, at: t}
-		l.buckets[key] = b
-	}
-	b.tokens, b.at = min(l.burst, b.tokens+t.Sub(b.at).Seconds()*l.rate), t
-	if b.tokens >= 1 {
-		b.tokens--
-		return true, 0
-	}
-	return false, time.Duration((1 - b.tokens) / l.rate * float64(time.Second))
-}
-
 // --- what every request goes through ---
 
 // requestInfo is what the access line says of a request beyond what the request itself holds.
@@ -639,6 +590,113 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	return body, nil
 }
 
+// --- query strings and headers ---
+
+// maxCursor bounds every number a query string takes: the largest integer any JSON client reads exactly, and small
+// enough that no sum of it overflows.
+const maxCursor = 1<<53 - 1
+
+// readQuery reads a query string as fields, each value a string, noting unknown and repeated parameters. A known
+// name "metadata[KEY]" stands for every metadata[...] parameter.
+func readQuery(raw string, known ...string) *fields {
+	f := &fields{given: map[string]any{}, problems: problems{}}
+	values, err := url.ParseQuery(raw)
+	if err != nil {
+		f.fail("query", "is not a valid URL query string")
+	}
+	for name, given := range values {
+		pattern := name
+		if strings.HasPrefix(name, "metadata[") && strings.HasSuffix(name, "]") {
+			pattern = "metadata[KEY]"
+		}
+		switch {
+		case !slices.Contains(known, pattern):
+			f.fail(name, unknownName("query parameter", name, known))
+		case len(given) > 1:
+			f.fail(name, "is given more than once")
+		default:
+			f.given[name] = given[0]
+		}
+	}
+	return f
+}
+
+// whole returns the parameter as a whole number from min to max, def when absent.
+func (f *fields) whole(name string, min, max, def int64) int64 {
+	s, ok := f.str(name, false)
+	n, err := strconv.ParseInt(s, 10, 64)
+	if ok && (err != nil || !asciiIn(s, 1, 19, digits) || n < min || n > max) {
+		f.fail(name, fmt.Sprintf("must be a whole number from %d to %d", min, max))
+	}
+	if !ok {
+		return def
+	}
+	return n
+}
+
+// decodeListQuery reads the list endpoint's query string; state defaults to active.
+func decodeListQuery(rawQuery, providerName string) (listFilter, error) {
+	f := readQuery(rawQuery, "limit", "after", "state", "isLive", "paymentMethod", "metadata[KEY]")
+	filter := listFilter{Limit: int(f.whole("limit", 1, 100, 20)), State: stateActive, Metadata: map[string]string{}}
+	if after, ok := f.str("after", false); ok {
+		if filter.After = after; !validButtonID(after) {
+			f.fail("after", "must be a button id, the next of a previous page")
+		}
+	}
+	if state, ok := f.oneOf("state", false, stateActive, stateDeleted, "all"); ok {
+		filter.State = state
+	}
+	if isLive, ok := f.oneOf("isLive", false, "true", "false"); ok {
+		filter.IsLive = new(isLive == "true")
+	}
+	filter.PaymentMethod, _ = f.oneOf("paymentMethod", false, providerName, "Stripe", "StripeConnect")
+	for name := range f.given {
+		if key, ok := strings.CutPrefix(name, "metadata["); ok {
+			key = strings.TrimSuffix(key, "]")
+			switch value, _ := f.str(name, false); {
+			case !asciiIn(key, 1, maxMetadataKeyBytes, nameChars):
+				f.fail(name, fmt.Sprintf("must name a key of 1 to %d of A-Z a-z 0-9 _ - .", maxMetadataKeyBytes))
+			case value == "":
+				f.fail(name, fmt.Sprintf("must be a value of 1 to %d characters", maxMetadataRunes))
+			case f.text(name, value, maxMetadataRunes, unicode.IsControl, "control characters"):
+				filter.Metadata[key] = value
+			}
+		}
+	}
+	if len(filter.Metadata) > maxMetadataKeys { // as many as a button may hold; more would only grow the query
+		f.fail("metadata", fmt.Sprintf("must have at most %d metadata[KEY] filters", maxMetadataKeys))
+	}
+	return filter, invalid(f.problems)
+}
+
+// decodeHistoryQuery reads the history endpoint's query: limit (1 to 100, default 100) and after, the version a
+// previous page ended at.
+func decodeHistoryQuery(rawQuery string) (limit, after int64, err error) {
+	f := readQuery(rawQuery, "limit", "after")
+	return f.whole("limit", 1, 100, 100), f.whole("after", 0, maxCursor, 0), invalid(f.problems)
+}
+
+// decodeChangesQuery reads the change feed's query: since (a changeSeq, 0 for everything) and limit (1 to 100,
+// default 100).
+func decodeChangesQuery(rawQuery string) (since, limit int64, err error) {
+	f := readQuery(rawQuery, "since", "limit")
+	return f.whole("since", 0, maxCursor, 0), f.whole("limit", 1, 100, 100), invalid(f.problems)
+}
+
+// parseIfMatch reads an If-Match header: the ETag get sent, "<version>". It returns 0 when the header is absent or
+// "*" (any version).
+func parseIfMatch(header string) (int64, error) {
+	if header == "" || header == "*" {
+		return 0, nil
+	}
+	text, err := strconv.Unquote(header)
+	version, _ := strconv.ParseInt(text, 10, 64)
+	if err != nil || header[0] != '"' || strconv.FormatInt(version, 10) != text || version < 1 {
+		return 0, invalid(problems{"If-Match": `must be the ETag get sent, a version in quotes such as "3"`})
+	}
+	return version, nil
+}
+
 // --- views ---
 
 // buttonView is a button as the API shows it: amounts as decimal text in the currency's minor unit, times in RFC
@@ -690,77 +748,4 @@ func viewsOf(buttons []button) []buttonView {
 		views[i] = viewOf(b)
 	}
 	return views
-}
-
-// --- metrics ---
-
-// metrics counts each route pattern's requests by status, and their durations, for /metrics. Labels never hold an
-// account, a key or a button id.
-type metrics struct {
-	mu     sync.Mutex
-	routes map[string]*routeMetrics
-}
-
-type routeMetrics struct {
-	statuses  map[int]int64
-	durations [len(durationBounds) + 1]int64 // counts[i] up to durationBounds[i], the last above them all
-	seconds   float64
-}
-
-// durationBounds are the request duration histogram's buckets, in seconds.
-var durationBounds = [...]float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10}
-
-func (m *metrics) observe(route string, status int, d time.Duration) {
-	route = cmp.Or(route, "unmatched")
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.routes[route] == nil {
-		m.routes[route] = &routeMetrics{statuses: map[int]int64{}}
-	}
-	rm := m.routes[route]
-	rm.statuses[status]++
-	i, _ := slices.BinarySearch(durationBounds[:], d.Seconds())
-	rm.durations[i]++
-	rm.seconds += d.Seconds()
-}
-
-// write writes m and st's statistics in the Prometheus text exposition format. It formats into a buffer: a slow
-// reader must not hold the lock every request takes.
-func (m *metrics) write(w io.Writer, st storage) {
-	var out bytes.Buffer
-	series := func(name, kind, help string) {
-		fmt.Fprintf(&out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, kind)
-	}
-	m.mu.Lock()
-	routes := slices.Sorted(maps.Keys(m.routes))
-	series("paybuttons_http_requests_total", "counter", "Requests answered, by route pattern and status code.")
-	for _, route := range routes {
-		statuses := m.routes[route].statuses
-		for _, status := range slices.Sorted(maps.Keys(statuses)) {
-			fmt.Fprintf(&out, "paybuttons_http_requests_total{route=%q,code=\"%d\"} %d\n", route, status, statuses[status])
-		}
-	}
-	const duration = "paybuttons_http_request_duration_seconds"
-	series(duration, "histogram", "Time to answer a request, by route pattern.")
-	for _, route := range routes {
-		var total int64 // the buckets are cumulative
-		for i, n := range m.routes[route].durations {
-			le := "+Inf"
-			if total += n; i < len(durationBounds) {
-				le = strconv.FormatFloat(durationBounds[i], 'g', -1, 64)
-			}
-			fmt.Fprintf(&out, "%s_bucket{route=%q,le=%q} %d\n", duration, route, le, total)
-		}
-		fmt.Fprintf(&out, "%s_sum{route=%q} %g\n%s_count{route=%q} %d\n", duration, route, m.routes[route].seconds,
-			duration, route, total)
-	}
-	m.mu.Unlock()
-	commits, writes, size := st.stats()
-	series("paybuttons_db_commits_total", "counter", "Transactions the writer committed.")
-	fmt.Fprintf(&out, "paybuttons_db_commits_total %d\n", commits)
-	series("paybuttons_db_writes_total", "counter", "Writes committed; over the commits, the mean batch.")
-	fmt.Fprintf(&out, "paybuttons_db_writes_total %d\n", writes)
-	series("paybuttons_db_size_bytes", "gauge", "Size of the database file.")
-	fmt.Fprintf(&out, "paybuttons_db_size_bytes %d\n", size)
-	w.Write(out.Bytes())
 }

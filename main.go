@@ -7,6 +7,7 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/rand"
@@ -28,6 +29,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -580,6 +582,124 @@ func orNever(t timestamp) string {
 		return "never"
 	}
 	return t.String()
+}
+
+// --- rate limits ---
+
+// rateLimiter is a token bucket per key (an API key's id, or an address): rate tokens a second up to burst. A rate
+// of 0 turns it off.
+type rateLimiter struct {
+	rate, burst float64
+	mu          sync.Mutex
+	buckets     map[string]*tokenBucket
+}
+
+type tokenBucket struct {
+	tokens float64
+	at     time.Time
+}
+
+func newRateLimiter(rate float64, burst int) *rateLimiter {
+	return &rateLimiter{rate: rate, burst: float64(burst), buckets: map[string]*tokenBucket{}}
+}
+
+// allow takes a token from key's bucket; when there is none it says how long until there will be. Buckets that have
+// filled up again are forgotten once there are many, so that many addresses cannot grow the map without bound.
+func (l *rateLimiter) allow(key string, t time.Time) (bool, time.Duration) {
+	if l.rate <= 0 {
+		return true, 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.buckets) > 10_000 {
+		maps.DeleteFunc(l.buckets, func(_ string, b *tokenBucket) bool {
+			return b.tokens+t.Sub(b.at).Seconds()*l.rate >= l.burst
+		})
+	}
+	b, ok := l.buckets[key]
+	if !ok {
+		b = &tokenBucket{tokens: l.burst, at: t}
+		l.buckets[key] = b
+	}
+	b.tokens, b.at = min(l.burst, b.tokens+t.Sub(b.at).Seconds()*l.rate), t
+	if b.tokens >= 1 {
+		b.tokens--
+		return true, 0
+	}
+	return false, time.Duration((1 - b.tokens) / l.rate * float64(time.Second))
+}
+
+// --- metrics ---
+
+// metrics counts each route pattern's requests by status, and their durations, for /metrics. Labels never hold an
+// account, a key or a button id.
+type metrics struct {
+	mu     sync.Mutex
+	routes map[string]*routeMetrics
+}
+
+type routeMetrics struct {
+	statuses  map[int]int64
+	durations [len(durationBounds) + 1]int64 // counts[i] up to durationBounds[i], the last above them all
+	seconds   float64
+}
+
+// durationBounds are the request duration histogram's buckets, in seconds.
+var durationBounds = [...]float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10}
+
+func (m *metrics) observe(route string, status int, d time.Duration) {
+	route = cmp.Or(route, "unmatched")
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.routes[route] == nil {
+		m.routes[route] = &routeMetrics{statuses: map[int]int64{}}
+	}
+	rm := m.routes[route]
+	rm.statuses[status]++
+	i, _ := slices.BinarySearch(durationBounds[:], d.Seconds())
+	rm.durations[i]++
+	rm.seconds += d.Seconds()
+}
+
+// write writes m and st's statistics in the Prometheus text exposition format. It formats into a buffer: a slow
+// reader must not hold the lock every request takes.
+func (m *metrics) write(w io.Writer, st storage) {
+	var out bytes.Buffer
+	series := func(name, kind, help string) {
+		fmt.Fprintf(&out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, kind)
+	}
+	m.mu.Lock()
+	routes := slices.Sorted(maps.Keys(m.routes))
+	series("paybuttons_http_requests_total", "counter", "Requests answered, by route pattern and status code.")
+	for _, route := range routes {
+		statuses := m.routes[route].statuses
+		for _, status := range slices.Sorted(maps.Keys(statuses)) {
+			fmt.Fprintf(&out, "paybuttons_http_requests_total{route=%q,code=\"%d\"} %d\n", route, status, statuses[status])
+		}
+	}
+	const duration = "paybuttons_http_request_duration_seconds"
+	series(duration, "histogram", "Time to answer a request, by route pattern.")
+	for _, route := range routes {
+		var total int64 // the buckets are cumulative
+		for i, n := range m.routes[route].durations {
+			le := "+Inf"
+			if total += n; i < len(durationBounds) {
+				le = strconv.FormatFloat(durationBounds[i], 'g', -1, 64)
+			}
+			fmt.Fprintf(&out, "%s_bucket{route=%q,le=%q} %d\n", duration, route, le, total)
+		}
+		fmt.Fprintf(&out, "%s_sum{route=%q} %g\n%s_count{route=%q} %d\n", duration, route, m.routes[route].seconds,
+			duration, route, total)
+	}
+	m.mu.Unlock()
+	commits, writes, size := st.stats()
+	series("paybuttons_db_commits_total", "counter", "Transactions the writer committed.")
+	fmt.Fprintf(&out, "paybuttons_db_commits_total %d\n", commits)
+	series("paybuttons_db_writes_total", "counter", "Writes committed; over the commits, the mean batch.")
+	fmt.Fprintf(&out, "paybuttons_db_writes_total %d\n", writes)
+	series("paybuttons_db_size_bytes", "gauge", "Size of the database file.")
+	fmt.Fprintf(&out, "paybuttons_db_size_bytes %d\n", size)
+	w.Write(out.Bytes())
 }
 
 // --- the database file: one name, one server, backup, check ---

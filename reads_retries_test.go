@@ -386,7 +386,7 @@ func TestBackupWhileWriting(t *testing.T) {
 	}
 	for _, b := range all {
 		entries, more, err := copied.buttonHistory(context.Background(), "acme", b.ID, 0, 100)
-		if err != nil || int64(len(entries)) != b.Version || more || !reflect.DeepEqual(entries[len(entries)-1].After, b) {
+		if err != nil || int64(len(entries)) != b.Version || more != nil || !reflect.DeepEqual(entries[len(entries)-1].After, b) {
 			t.Errorf("button %s at version %d: got %d history entries (%v), want one a version ending in the button",
 				b.ID, b.Version, len(entries), err)
 		}

@@ -22,9 +22,8 @@ import (
 type storage interface {
 	authenticate(ctx context.Context, secret, id string) (apiKey, button, error) // the one judge of keys
 	listKeys(ctx context.Context) ([]apiKey, error)                              // every key, revoked ones too
-	getButton(ctx context.Context, account, id string) (button, error)
-	listButtons(ctx context.Context, account string, f listFilter) (page []button, next string, err error)
-	buttonHistory(ctx context.Context, account, id string, after, limit int64) (page []historyEntry, more bool, err error)
+	listButtons(ctx context.Context, account string, f listFilter) (page []button, next *string, err error)
+	buttonHistory(ctx context.Context, account, id string, after, limit int64) ([]historyEntry, *int64, error)
 	changes(ctx context.Context, account string, since, limit int64) (page []button, more bool, err error)
 
 	// The writes, each with its answer when who has an Idempotency-Key. ifMatch, when not 0, is the version the
@@ -39,7 +38,7 @@ type storage interface {
 	stats() (commits, writes, size int64)
 }
 
-// The commands use openStore, close, createKey and revokeKey; backup and check (main.go) use ownVersion.
+// The commands use openStore, close, createKey and revokeKey too.
 
 const (
 	maxBatch       = 256            // writes that share one transaction and one fsync
@@ -101,7 +100,7 @@ func (c *statements) prepare(query string) (*sql.Stmt, error) {
 
 func (c *statements) queryRow(ctx context.Context, query string, args ...any) *sql.Row {
 	st, err := c.prepare(query)
-	if err != nil { // the query cannot run: let the unprepared call report why, in the Row
+	if err != nil { // let the unprepared call report why, in the Row
 		return c.db.QueryRowContext(ctx, query, args...)
 	}
 	return st.QueryRowContext(ctx, args...)
@@ -260,9 +259,7 @@ var migrations = []string{
 		PRIMARY KEY (account, id)
 	) STRICT, WITHOUT ROWID;`,
 
-	// 2: history, idempotency keys, and an index for listing by state. A history row is one change after the create
-	// (whose author is on the button row) and the button as it was before that change; the button after it is the
-	// next row's, or the button itself. A create then costs one row, not two.
+	// 2: history (a create costs one row, not two), idempotency keys, and an index for listing by state.
 	`CREATE TABLE button_history (
 		button_id        TEXT NOT NULL,
 		change_version   INTEGER NOT NULL, -- the version the change made
@@ -299,8 +296,7 @@ var migrations = []string{
 	CREATE INDEX idempotency_keys_by_age ON idempotency_keys (created_at);
 	CREATE INDEX buttons_by_state ON buttons (account, state, id);`,
 
-	// 3: metadata, read-only keys, the change feed, and the file's mark. Buttons already stored take changeSeq 1..n
-	// in the order they last changed; change_counter keeps the last one given out.
+	// 3: metadata, read-only keys, the change feed (buttons already stored take 1..n), and the file's mark.
 	`ALTER TABLE buttons ADD COLUMN metadata TEXT; -- a JSON object, NULL when empty
 	ALTER TABLE button_history ADD COLUMN metadata TEXT;
 	ALTER TABLE buttons ADD COLUMN change_seq INTEGER NOT NULL DEFAULT 0;
@@ -371,12 +367,11 @@ func describeOpenError(err error) error {
 }
 
 // sqliteCode is the primary SQLite result code behind err, or 0.
-func sqliteCode(err error) int {
-	var e *sqlite.Error
-	if errors.As(err, &e) {
-		return e.Code() & 0xff
+func sqliteCode(err error) (code int) {
+	if e := (*sqlite.Error)(nil); errors.As(err, &e) {
+		code = e.Code() & 0xff
 	}
-	return 0
+	return code
 }
 
 // check turns the faults a client should retry (busy past busy_timeout, a full disk, no connection in time) into
@@ -385,10 +380,8 @@ func sqliteCode(err error) int {
 func (s *store) check(err error) error {
 	switch code := sqliteCode(err); {
 	case code == sqlite3.SQLITE_CORRUPT || code == sqlite3.SQLITE_NOTADB:
-		s.fault.CompareAndSwap(nil, &apiError{code: codeUnavailable, message: "the database refuses writes; see the server's log",
-			cause: fmt.Errorf("SQLite found the database damaged (%w): stop the server, run `paybuttons check`, and "+
-				"restore it from a backup if check finds it damaged", err)})
-		return s.fault.Load()
+		return s.refuseWrites(fmt.Errorf("SQLite found the database damaged (%w): stop the server, run "+
+			"`paybuttons check`, and restore it from a backup if check finds it damaged", err))
 	case code == sqlite3.SQLITE_FULL:
 		return &apiError{code: codeUnavailable, message: "the server's disk is full; retry later", cause: err}
 	case code == sqlite3.SQLITE_BUSY || code == sqlite3.SQLITE_LOCKED || errors.Is(err, context.DeadlineExceeded):
@@ -399,15 +392,20 @@ func (s *store) check(err error) error {
 	return err
 }
 
-// refusing returns the fault for which every write is refused, once the WAL file is gone or not the one SQLite has
-// open (an acknowledged write would be lost at the next start) or the file is damaged; nil while there is none.
+// refuseWrites refuses every write from now on, for cause, the first one given, which the log shows.
+func (s *store) refuseWrites(cause error) error {
+	s.fault.CompareAndSwap(nil, &apiError{code: codeUnavailable,
+		message: "the database refuses writes; see the server's log", cause: cause})
+	return s.fault.Load()
+}
+
+// refusing returns the fault for which every write is refused, nil while there is none. The WAL file gone, or not
+// the one SQLite has open, is one: an acknowledged write would be lost at the next start.
 func (s *store) refusing() error {
 	if info, err := os.Stat(s.path + "-wal"); s.wal != nil && (err != nil || !os.SameFile(info, s.wal)) {
-		s.fault.CompareAndSwap(nil, &apiError{code: codeUnavailable,
-			message: "the database refuses writes; see the server's log",
-			cause: fmt.Errorf("the WAL file %s-wal was removed or replaced while the server ran: writes are refused, "+
-				"since the next start would lose them. Stop the server with SIGTERM: its checkpoint saves what "+
-				"the old WAL holds into the database", s.path)})
+		return s.refuseWrites(fmt.Errorf("the WAL file %s-wal was removed or replaced while the server ran: writes "+
+			"are refused, since the next start would lose them. Stop the server with SIGTERM: its checkpoint saves "+
+			"what the old WAL holds into the database", s.path))
 	}
 	if err := s.fault.Load(); err != nil {
 		return err
@@ -670,20 +668,11 @@ func scanButtons(rows *sql.Rows, err error) ([]button, error) {
 	return collect(rows, err, func(rows *sql.Rows) (button, error) { return scanButton(rows) })
 }
 
-func (s *store) getButton(ctx context.Context, account, id string) (button, error) {
-	if !validButtonID(id) {
-		return button{}, errNotFound
-	}
-	b, err := scanButton(s.reads.queryRow(ctx, `SELECT `+selectButton+` FROM buttons WHERE account = ? AND id = ?`,
-		account, id))
-	return b, s.check(err)
-}
-
-// listButtons returns a page of account's buttons by id, newest first, and the id the next page goes on after ("" at
+// listButtons returns a page of account's buttons by id, newest first, and the id the next page goes on after (nil at
 // the end): ids grow with time, so "id < after" neither skips nor repeats a button while others are created. A
 // filter no index serves (isLive, paymentMethod, metadata) examines at most maxScan rows; a page that ends there
 // goes on after the last row examined.
-func (s *store) listButtons(ctx context.Context, account string, f listFilter) ([]button, string, error) {
+func (s *store) listButtons(ctx context.Context, account string, f listFilter) ([]button, *string, error) {
 	where, args := "account = ?", []any{account}
 	if f.After != "" {
 		where, args = where+" AND id < ?", append(args, f.After)
@@ -698,7 +687,7 @@ func (s *store) listButtons(ctx context.Context, account string, f listFilter) (
 		err := s.reader.QueryRowContext(ctx, `SELECT id FROM `+table+` WHERE `+where+` ORDER BY id DESC
 			LIMIT 1 OFFSET ?`, append(args, maxScan-1)...).Scan(&scanEnd)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
-			return nil, "", s.check(err)
+			return nil, nil, s.check(err)
 		}
 		if scanEnd != "" {
 			where, args = where+" AND id >= ?", append(args, scanEnd)
@@ -717,29 +706,32 @@ func (s *store) listButtons(ctx context.Context, account string, f listFilter) (
 	buttons, err := scanButtons(s.reader.QueryContext(ctx, `SELECT `+selectButton+` FROM `+table+` WHERE `+where+
 		` ORDER BY id DESC LIMIT ?`, append(args, f.Limit+1)...)) // one more says whether the page is the last
 	if len(buttons) > f.Limit {
-		return buttons[:f.Limit], buttons[f.Limit-1].ID, nil
+		return buttons[:f.Limit], &buttons[f.Limit-1].ID, nil
 	}
-	return buttons, scanEnd, s.check(err)
+	if scanEnd == "" {
+		return buttons, nil, s.check(err)
+	}
+	return buttons, &scanEnd, s.check(err)
 }
 
 // buttonHistory returns the changes to account's button id with versions after+1 to after+limit, oldest first, and
-// whether more follow.
+// the last of those versions when more follow (else nil).
 func (s *store) buttonHistory(ctx context.Context, account, id string, after, limit int64) (
-	[]historyEntry, bool, error) {
+	[]historyEntry, *int64, error) {
 	if !validButtonID(id) {
-		return nil, false, errNotFound
+		return nil, nil, errNotFound
 	}
 	// One read transaction: the button and its changes as of one moment.
 	tx, err := s.reader.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
-		return nil, false, s.check(err)
+		return nil, nil, s.check(err)
 	}
 	defer tx.Rollback()
 	created := historyEntry{Version: 1, Action: "create"}
 	current, err := scanButton(tx.QueryRowContext(ctx, `SELECT `+selectButton+`, created_key_id, created_request_id
 		FROM buttons WHERE account = ? AND id = ?`, account, id), &created.KeyID, &created.RequestID)
 	if err != nil {
-		return nil, false, s.check(err)
+		return nil, nil, s.check(err)
 	}
 	created.At = current.CreatedAt
 	// A history row holds change v and the button before it (migration 2): the button after change v is row v+1's
@@ -753,7 +745,7 @@ func (s *store) buttonHistory(ctx context.Context, account, id string, after, li
 		return e, err
 	})
 	if err != nil {
-		return nil, false, s.check(err)
+		return nil, nil, s.check(err)
 	}
 	byVersion := map[int64]historyEntry{1: created}
 	for _, e := range changes {
@@ -767,7 +759,10 @@ func (s *store) buttonHistory(ctx context.Context, account, id string, after, li
 		}
 		page = append(page, e)
 	}
-	return page, after+limit < current.Version, nil
+	if last := after + limit; last < current.Version {
+		return page, &last, nil
+	}
+	return page, nil, nil
 }
 
 // changes returns up to limit of account's buttons whose changeSeq is above since, lowest first, and whether more

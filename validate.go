@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -345,113 +344,6 @@ func quoted(values []string) string {
 		q[i] = strconv.Quote(v)
 	}
 	return strings.Join(q, ", ")
-}
-
-// --- query strings and headers ---
-
-// maxCursor bounds every number a query string takes: the largest integer any JSON client reads exactly, and small
-// enough that no sum of it overflows.
-const maxCursor = 1<<53 - 1
-
-// readQuery reads a query string as fields, each value a string, noting unknown and repeated parameters. A known
-// name "metadata[KEY]" stands for every metadata[...] parameter.
-func readQuery(raw string, known ...string) *fields {
-	f := &fields{given: map[string]any{}, problems: problems{}}
-	values, err := url.ParseQuery(raw)
-	if err != nil {
-		f.fail("query", "is not a valid URL query string")
-	}
-	for name, given := range values {
-		pattern := name
-		if strings.HasPrefix(name, "metadata[") && strings.HasSuffix(name, "]") {
-			pattern = "metadata[KEY]"
-		}
-		switch {
-		case !slices.Contains(known, pattern):
-			f.fail(name, unknownName("query parameter", name, known))
-		case len(given) > 1:
-			f.fail(name, "is given more than once")
-		default:
-			f.given[name] = given[0]
-		}
-	}
-	return f
-}
-
-// whole returns the parameter as a whole number from min to max, def when absent.
-func (f *fields) whole(name string, min, max, def int64) int64 {
-	s, ok := f.str(name, false)
-	n, err := strconv.ParseInt(s, 10, 64)
-	if ok && (err != nil || !asciiIn(s, 1, 19, digits) || n < min || n > max) {
-		f.fail(name, fmt.Sprintf("must be a whole number from %d to %d", min, max))
-	}
-	if !ok {
-		return def
-	}
-	return n
-}
-
-// decodeListQuery reads the list endpoint's query string; state defaults to active.
-func decodeListQuery(rawQuery, providerName string) (listFilter, error) {
-	f := readQuery(rawQuery, "limit", "after", "state", "isLive", "paymentMethod", "metadata[KEY]")
-	filter := listFilter{Limit: int(f.whole("limit", 1, 100, 20)), State: stateActive, Metadata: map[string]string{}}
-	if after, ok := f.str("after", false); ok {
-		if filter.After = after; !validButtonID(after) {
-			f.fail("after", "must be a button id, the next of a previous page")
-		}
-	}
-	if state, ok := f.oneOf("state", false, stateActive, stateDeleted, "all"); ok {
-		filter.State = state
-	}
-	if isLive, ok := f.oneOf("isLive", false, "true", "false"); ok {
-		filter.IsLive = new(isLive == "true")
-	}
-	filter.PaymentMethod, _ = f.oneOf("paymentMethod", false, providerName, "Stripe", "StripeConnect")
-	for name := range f.given {
-		if key, ok := strings.CutPrefix(name, "metadata["); ok {
-			key = strings.TrimSuffix(key, "]")
-			switch value, _ := f.str(name, false); {
-			case !asciiIn(key, 1, maxMetadataKeyBytes, nameChars):
-				f.fail(name, fmt.Sprintf("must name a key of 1 to %d of A-Z a-z 0-9 _ - .", maxMetadataKeyBytes))
-			case value == "":
-				f.fail(name, fmt.Sprintf("must be a value of 1 to %d characters", maxMetadataRunes))
-			case f.text(name, value, maxMetadataRunes, unicode.IsControl, "control characters"):
-				filter.Metadata[key] = value
-			}
-		}
-	}
-	if len(filter.Metadata) > maxMetadataKeys { // as many as a button may hold; more would only grow the query
-		f.fail("metadata", fmt.Sprintf("must have at most %d metadata[KEY] filters", maxMetadataKeys))
-	}
-	return filter, invalid(f.problems)
-}
-
-// decodeHistoryQuery reads the history endpoint's query: limit (1 to 100, default 100) and after, the version a
-// previous page ended at.
-func decodeHistoryQuery(rawQuery string) (limit, after int64, err error) {
-	f := readQuery(rawQuery, "limit", "after")
-	return f.whole("limit", 1, 100, 100), f.whole("after", 0, maxCursor, 0), invalid(f.problems)
-}
-
-// decodeChangesQuery reads the change feed's query: since (a changeSeq, 0 for everything) and limit (1 to 100,
-// default 100).
-func decodeChangesQuery(rawQuery string) (since, limit int64, err error) {
-	f := readQuery(rawQuery, "since", "limit")
-	return f.whole("since", 0, maxCursor, 0), f.whole("limit", 1, 100, 100), invalid(f.problems)
-}
-
-// parseIfMatch reads an If-Match header: the ETag get sent, "<version>". It returns 0 when the header is absent or
-// "*" (any version).
-func parseIfMatch(header string) (int64, error) {
-	if header == "" || header == "*" {
-		return 0, nil
-	}
-	text, err := strconv.Unquote(header)
-	version, _ := strconv.ParseInt(text, 10, 64)
-	if err != nil || header[0] != '"' || strconv.FormatInt(version, 10) != text || version < 1 {
-		return 0, invalid(problems{"If-Match": `must be the ETag get sent, a version in quotes such as "3"`})
-	}
-	return version, nil
 }
 
 // --- field rules ---
