@@ -11,6 +11,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"database/sql"
 	"database/sql/driver"
 	"encoding/binary"
@@ -362,6 +363,10 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if addrErr == nil {
 		_, addrErr = net.LookupPort("tcp", port)
 	}
+	var tlsErr error // read before the first key is minted: a start that fails mints none
+	if *tlsCert != "" && *tlsKey != "" {
+		_, tlsErr = tls.LoadX509KeyPair(*tlsCert, *tlsKey)
+	}
 	switch {
 	case err != nil:
 		return err
@@ -381,6 +386,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		return &usageError{"-provider-name must be a name of its own, not empty, Stripe or StripeConnect"}
 	case *logFormat != "text" && *logFormat != "json":
 		return &usageError{"-log-format must be text or json"}
+	case tlsErr != nil:
+		return fmt.Errorf("-tls-cert and -tls-key: %w", tlsErr)
 	}
 	logOptions := &slog.HandlerOptions{Level: logLevel}
 	logger := slog.New(slog.NewTextHandler(stderr, logOptions))
