@@ -437,7 +437,8 @@ func (s *server) keyed(write bool, h func(w http.ResponseWriter, r *http.Request
 // rate limit.
 func (s *server) admit(r *http.Request, write bool, id string) (apiKey, button, error) {
 	secret := r.Header.Get("X-API-KEY")
-	if host, _, _ := net.SplitHostPort(r.RemoteAddr); !s.knownKeys.has(r.Context(), s.store, secret) {
+	hash := sha256.Sum256([]byte(secret))
+	if host, _, _ := net.SplitHostPort(r.RemoteAddr); !s.knownKeys.has(r.Context(), s.store, hash) {
 		if ok, wait := s.failures.allow(host, time.Now()); !ok {
 			return apiKey{}, button{}, &apiError{code: codeRateLimited, retry: wait,
 				message: "too many requests without a valid API key from this address; retry later"}
@@ -447,6 +448,9 @@ func (s *server) admit(r *http.Request, write bool, id string) (apiKey, button, 
 		return apiKey{}, button{}, &apiError{code: codeUnauthorized, message: "the X-API-KEY header is required"}
 	}
 	key, b, err := s.store.authenticate(r.Context(), secret, id)
+	if err == errUnknownKey {
+		s.knownKeys.forget(hash) // revoked since it was read: the failure limit applies to it again
+	}
 	if err != nil {
 		return apiKey{}, button{}, err
 	}
@@ -463,17 +467,16 @@ func (s *server) admit(r *http.Request, write bool, id string) (apiKey, button, 
 	return key, b, nil
 }
 
-// knownKeys holds the SHA-256 of every key in the database, read again at most once a second when asked about one
-// it lacks. It spares those keys the failed-authentication limit, so that a valid key keeps working from an address
-// that floods the server with bad ones; whether a key is live is for authenticate alone to say.
+// knownKeys holds the SHA-256 of every live key, read again at most once a second when asked about one it lacks. It
+// spares those keys the failed-authentication limit, so that a valid key keeps working from an address that floods
+// the server with bad ones; whether a key is live is for authenticate alone to say, and a key it refuses is forgotten.
 type knownKeys struct {
 	mu     sync.Mutex
 	hashes map[[sha256.Size]byte]bool
 	read   time.Time
 }
 
-func (k *knownKeys) has(ctx context.Context, st storage, secret string) bool {
-	hash := sha256.Sum256([]byte(secret))
+func (k *knownKeys) has(ctx context.Context, st storage, hash [sha256.Size]byte) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if !k.hashes[hash] && time.Since(k.read) > time.Second {
@@ -481,11 +484,17 @@ func (k *knownKeys) has(ctx context.Context, st storage, secret string) bool {
 		if keys, err := st.listKeys(ctx); err == nil {
 			k.hashes = map[[sha256.Size]byte]bool{}
 			for _, key := range keys {
-				k.hashes[[sha256.Size]byte(key.Hash)] = true
+				k.hashes[[sha256.Size]byte(key.Hash)] = key.RevokedAt.IsZero()
 			}
 		}
 	}
 	return k.hashes[hash]
+}
+
+func (k *knownKeys) forget(hash [sha256.Size]byte) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	delete(k.hashes, hash)
 }
 
 // --- what every request goes through ---

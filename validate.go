@@ -63,8 +63,8 @@ func (p problems) text(name, s string, max int, bad func(rune) bool, badWhy stri
 }
 
 // invalid is the 400 for problems, nil for none: its message is "<field> <why>" for one problem, "N fields are
-// invalid: a, b" for several. It names at most 20 fields, each name cut to 40 characters, and says how many more
-// there were: no answer grows with the request.
+// invalid: a, b" for several. No answer grows with the request: it names at most 20 fields (see shownName) and says
+// how many more there were.
 func invalid(problems problems) error {
 	if len(problems) == 0 {
 		return nil
@@ -72,11 +72,7 @@ func invalid(problems problems) error {
 	names := slices.Sorted(maps.Keys(problems))
 	shown := map[string]string{}
 	for _, name := range names[:min(len(names), 20)] {
-		if r := []rune(name); len(r) > 40 {
-			shown[string(r[:39])+"…"] = problems[name]
-		} else {
-			shown[name] = problems[name]
-		}
+		shown[shownName(name)] = problems[name]
 	}
 	shownNames := slices.Sorted(maps.Keys(shown))
 	message := fmt.Sprintf("%d fields are invalid: %s", len(names), strings.Join(shownNames, ", "))
@@ -86,6 +82,25 @@ func invalid(problems problems) error {
 		message += fmt.Sprintf(" and %d more", len(names)-20)
 	}
 	return &apiError{code: codeInvalid, message: message, fields: shown}
+}
+
+// shownName is a field's name as a 400 shows it, in at most 40 bytes of JSON: what JSON would escape as "?", and a
+// longer name cut with "…".
+func shownName(name string) string {
+	name = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) || strings.ContainsRune(`"\<>&`+"\u2028\u2029", r) {
+			return '?'
+		}
+		return r
+	}, name)
+	if len(name) <= 40 {
+		return name
+	}
+	cut := 39
+	for !utf8.RuneStart(name[cut]) {
+		cut--
+	}
+	return name[:cut] + "…"
 }
 
 // --- bodies ---
