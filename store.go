@@ -160,6 +160,13 @@ func openStore(path string) (*store, error) {
 	// Pragmas live in the DSN, so that every pooled connection gets them. The writer checkpoints every 4000 WAL
 	// pages, not 1000: fewer, larger checkpoints cost it less (README, Performance).
 	const common = "_pragma=busy_timeout(5000)"
+	if exists(path) { // another program's file is refused before the writer's pragmas change it (journal_mode)
+		probe, _ := sql.Open("sqlite", sqliteURI(path, common+"&mode=ro"))
+		_, err := ownVersion(context.Background(), probe)
+		if probe.Close(); err != nil {
+			return nil, fmt.Errorf("database %q: %w", path, err)
+		}
+	}
 	writer, _ := sql.Open("sqlite", sqliteURI(path, common+ // sql.Open fails only for an unknown driver
 		"&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=wal_autocheckpoint(4000)&_txlock=immediate"))
 	writer.SetMaxOpenConns(1)
@@ -173,6 +180,9 @@ func openStore(path string) (*store, error) {
 		}
 	}
 	if err != nil {
+		if conn != nil {
+			conn.Close()
+		}
 		writer.Close()
 		return nil, fmt.Errorf("database %q: %w", path, describeOpenError(err))
 	}
