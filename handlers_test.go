@@ -111,7 +111,7 @@ func (e *testEnv) do(method, path, key, body string, headers ...string) response
 // callAPI sends one request, with key as X-API-KEY ("" for none) and headers as name, value pairs, and reads the
 // envelope it is answered with; an answer that openapi.json does not declare is an error.
 func callAPI(client *http.Client, method, url, key, body string, headers ...string) (response, error) {
-	r := response{request: method + " " + url + " " + body}
+	r := response{request: fmt.Sprintf("%s %s %.300s", method, url, body)} // the body cut for failure messages
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		return r, err
