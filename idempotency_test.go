@@ -178,7 +178,7 @@ func TestVersionsETagAndIfMatch(t *testing.T) {
 		{"POST", "restore/", "", `"6"`}} { // a 412 before the restore's 409
 		e.do(w[0], "/product-payment/"+w[1]+id, e.key, w[2], "If-Match", w[3]).want(t, 412, "precondition_failed")
 	}
-	for _, bad := range []string{"5", `W/"5"`, `"5", "6"`, `"05"`, `"+5"`, `" 5"`, `"0"`, `"-5"`} {
+	for _, bad := range []string{"5", `W/"5"`, `"5", "6"`, `"05"`, `"+5"`, `" 5"`, `"01"`, `"+1"`, `" 1"`, `"0"`, `"-5"`} {
 		e.do("POST", "/product-payment/update/"+id, e.key, `{"amount":"9.00"}`, "If-Match", bad).wantFields(t, "If-Match")
 	}
 	if after := e.mustStored("acme", id); !reflect.DeepEqual(after, last) {

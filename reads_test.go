@@ -45,8 +45,9 @@ func TestListPagesSeeEachButtonOnceWhileOthersAreCreated(t *testing.T) {
 	}
 	e.create(e.keyB, createBody(nil))
 	var wg sync.WaitGroup
-	wg.Go(func() { // callAPI, not e.create: a goroutine may not end the test; the count below tells
-		for range 20 {
+	defer wg.Wait() // the goroutine ends before the server closes, even after a Fatal
+	wg.Go(func() {
+		for range 20 { // callAPI, not e.create: a goroutine may not end the test; the count below tells
 			callAPI(http.DefaultClient, "POST", e.url+"/product-payment/create", e.key, createBody(nil))
 		}
 	})
