@@ -1,12 +1,11 @@
 package main
 
-// Fuzz targets. Their seed corpora in testdata/fuzz/<target>/ run as ordinary
-// tests in every go test. To search for new failing inputs, fuzz one target:
+// Fuzz targets. Their seed corpora in testdata/fuzz/<target>/ run as ordinary tests in every go test. To search for
+// new failing inputs, fuzz one target:
 //
 //	go test -run '^$' -fuzz '^FuzzCreate$' -fuzztime 10m .
 //
-// A failing input is written to testdata/fuzz/<target>/ and from then on runs
-// in every go test, so keep it with the fix.
+// A failing input is written to testdata/fuzz/<target>/ and from then on runs in every go test: keep it with the fix.
 
 import (
 	"bytes"
@@ -35,11 +34,10 @@ const (
 // forInput returns a copy of e whose helpers fail t, the test of one input.
 func (e *testEnv) forInput(t *testing.T) *testEnv { c := *e; c.t = t; return &c }
 
-// FuzzCreate posts any body to create. The answer is 413 above 64 KiB; else a
-// 200 exactly when the oracle finds nothing in the contract that refuses the
-// body, and otherwise a 400 naming a field; never a 5xx. A refused body stores
-// nothing; an accepted one is stored as a new button, with a well-formed id
-// and the highest changeSeq, exactly as the oracle says, and get shows it.
+// FuzzCreate posts any body to create. The answer is 413 above 64 KiB; else a 200 exactly when the oracle finds nothing
+// in the contract that refuses the body, and otherwise a 400 naming a field; never a 5xx. A refused body stores
+// nothing; an accepted one is stored as a new button, with a well-formed id and the highest changeSeq, exactly as the
+// oracle says, and get shows it.
 func FuzzCreate(f *testing.F) {
 	shared := newTestServer(f)
 	f.Add([]byte(createBody(nil)))
@@ -67,27 +65,25 @@ func FuzzCreate(f *testing.F) {
 	})
 }
 
-// updateBase is the button each FuzzUpdate input changes: StripeConnect, so a
-// fee may change; 10.50 USD, so some currencies fit it and some do not; and 49
-// metadata keys, so that a body adding two goes past 50 after the merge.
+// updateBase is the button each FuzzUpdate input changes: StripeConnect, so a fee may change; 10.50 USD, so some
+// currencies fit it and some do not; and 49 metadata keys, so that a body adding two goes past 50 after the merge.
 var updateBase = func() string {
 	md := map[string]string{"orderRef": "A-17"}
 	for i := range 48 {
 		md[fmt.Sprintf("k%02d", i)] = "v"
 	}
-	return createBody(map[string]any{"paymentMethod": "StripeConnect", feeField: "2.50", "amount": "10.50", "metadata": md})
+	return createBody(m{"paymentMethod": "StripeConnect", feeField: "2.50", "amount": "10.50", "metadata": md})
 }()
 
-// FuzzUpdate posts any body to update a button as updateBase makes it: 200 or
-// 400 as the oracle says (413 above 64 KiB), never a 409 or a 5xx. A refused
-// body, or an "unchanged" one (every value as stored), leaves the button and
-// its history as they were; an "updated" one changes what it names and nothing
-// else, adds a history row, the version by one, and a greater changeSeq.
+// FuzzUpdate posts any body to update a button as updateBase makes it: 200 or 400 as the oracle says (413 above 64
+// KiB), never a 409 or a 5xx. A refused body, or an "unchanged" one (every value as stored), leaves the button and its
+// history as they were; an "updated" one changes what it names and nothing else, adds a history row, the version by
+// one, and a greater changeSeq.
 func FuzzUpdate(f *testing.F) {
 	shared := newTestServer(f)
 	f.Add([]byte(`{"amount":"12.00"}`))
-	// id is a button still as updateBase made it: most inputs leave it so, and
-	// every input meets the same button at the cost of few writes.
+	// id is a button still as updateBase made it: most inputs leave it so, and every input meets the same button at
+	// the cost of few writes.
 	var id string
 	const history = `SELECT count(*) FROM button_history WHERE button_id = ?`
 	f.Fuzz(func(t *testing.T, body []byte) {
@@ -122,14 +118,15 @@ func FuzzUpdate(f *testing.F) {
 	})
 }
 
-// FuzzDecimal reads any text as an amount in JPY, USD and KWD and as a fee,
-// through parseDecimal and decodeCreate (as a JSON string, and as a JSON
-// number when the text is one). The text is accepted exactly when it is a
-// plain decimal (so never with a sign, exponent or space) whose value fits: 1
-// to 10^15 whole minor units, or 0.01 to 100 in hundredths for a fee; and what
-// is accepted renders with exactly the currency's places (two for a fee).
+// FuzzDecimal reads any text as an amount in JPY, USD and KWD and as a fee, through parseDecimal and decodeCreate (as a
+// JSON string, and as a JSON number when the text is one). The text is accepted exactly when it is a plain decimal (so
+// never with a sign, exponent or space) whose value fits: 1 to 10^15 whole minor units, or 0.01 to 100 in hundredths
+// for a fee; and what is accepted renders with exactly the currency's places (two for a fee).
 func FuzzDecimal(f *testing.F) {
-	f.Add([]byte("19.90"))
+	for _, seed := range []string{"19.90", "0.01", "10.500", "007.50", "5.0", "1.250", "0.005", "2.5", "2.500", "100",
+		"10000000000000.00", "10000000000000.01", "1000000000000000", "0", "-1", " 1", ".5", "１", "1e3"} {
+		f.Add([]byte(seed))
+	}
 	f.Fuzz(func(t *testing.T, input []byte) {
 		text := string(input)
 		if _, ok := parseDecimal(text); ok != plainText.MatchString(text) {
@@ -139,10 +136,11 @@ func FuzzDecimal(f *testing.F) {
 			field, currency string
 			exp             int
 			limit           int64
-		}{{"amount", "JPY", 0, maxMinor}, {"amount", "USD", 2, maxMinor}, {"amount", "KWD", 3, maxMinor}, {feeField, "USD", 2, maxFee}} {
+		}{{"amount", "JPY", 0, maxMinor}, {"amount", "USD", 2, maxMinor}, {"amount", "KWD", 3, maxMinor},
+			{feeField, "USD", 2, maxFee}} {
 			want, fits := scaledInt(text, c.exp, c.limit)
 			for _, form := range jsonForms(text) {
-				b, err := decodeCreate([]byte(createBody(map[string]any{"paymentMethod": "StripeConnect", feeField: "1",
+				b, err := decodeCreate([]byte(createBody(m{"paymentMethod": "StripeConnect", feeField: "1",
 					"currency": c.currency, c.field: raw(form)})), "the service")
 				got, shown := b.AmountMinor, formatAmount(b.AmountMinor, c.currency)
 				if c.field == feeField {
@@ -211,15 +209,13 @@ func decimalText(n int64, exp int) string {
 
 func pow10(exp int) *big.Int { return new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(exp)), nil) }
 
-// oracle collects every reason the contract gives to refuse a body; a body
-// with none must be accepted.
+// oracle collects every reason the contract gives to refuse a body; a body with none must be accepted.
 type oracle struct{ why []string }
 
 func (o *oracle) refuse(f string, a ...any) { o.why = append(o.why, fmt.Sprintf(f, a...)) }
 
-// verdict checks the answer r to a body of n bytes: 413 above the cap; else
-// 200 when the oracle found no reason to refuse the body, and otherwise a 400
-// naming at least one field, with data "". It returns whether r is a 200.
+// verdict checks the answer r to a body of n bytes: 413 above the cap; else 200 when the oracle found no reason to
+// refuse the body, and otherwise a 400 naming at least one field, with data "". It returns whether r is a 200.
 func (o *oracle) verdict(t *testing.T, r response, n int) bool {
 	t.Helper()
 	switch {
@@ -238,9 +234,8 @@ func (o *oracle) verdict(t *testing.T, r response, n int) bool {
 	return r.status == 200
 }
 
-// object decodes body the plain way (encoding/json, numbers kept as text),
-// refusing a body that is not UTF-8, not exactly one object, or has a name
-// outside known or more than once. It returns nil when there is no object.
+// object decodes body the plain way (encoding/json, numbers kept as text), refusing a body that is not UTF-8, not
+// exactly one object, or has a name outside known or more than once. It returns nil when there is no object.
 func (o *oracle) object(body []byte, known ...string) map[string]any {
 	if !utf8.Valid(body) {
 		o.refuse("the body is not valid UTF-8")
@@ -290,7 +285,7 @@ func (o *oracle) created(body []byte) (b button) {
 	b.PaymentMethod, b.PaymentType = o.text("paymentMethod", in["paymentMethod"]), o.text("paymentType", in["paymentType"])
 	if !slices.Contains([]string{"the service", "Stripe", "StripeConnect"}, b.PaymentMethod) ||
 		!slices.Contains([]string{"one_time", "subscription"}, b.PaymentType) {
-		o.refuse("paymentMethod %.40q or paymentType %.40q is not exactly one the contract names", b.PaymentMethod, b.PaymentType)
+		o.refuse("paymentMethod %.40q or paymentType %.40q is not one the contract names", b.PaymentMethod, b.PaymentType)
 	}
 	if v, ok := given(in, "billingInterval"); ok && v != "" {
 		s := o.text("billingInterval", v)
@@ -315,16 +310,16 @@ func (o *oracle) created(body []byte) (b button) {
 // updated is before as an update body changes it.
 func (o *oracle) updated(body []byte, before button) button {
 	b := before
-	if in := o.object(body, "productName", "description", "amount", "currency", feeField, "metadata"); in != nil && !o.edit(in, &b) {
+	in := o.object(body, "productName", "description", "amount", "currency", feeField, "metadata")
+	if in != nil && !o.edit(in, &b) {
 		o.refuse("the body names nothing to update")
 	}
 	return b
 }
 
-// edit sets in b the fields create and update share, as in gives them, and
-// reports whether in names any. description alone is cleared, by null or "";
-// null leaves any other as it is. A new currency without a new amount
-// re-expresses the stored amount, which must fit it exactly.
+// edit sets in b the fields create and update share, as in gives them, and reports whether in names any. description
+// alone is cleared, by null or ""; null leaves any other as it is. A new currency without a new amount re-expresses the
+// stored amount, which must fit it exactly.
 func (o *oracle) edit(in map[string]any, b *button) (named bool) {
 	stored := *b
 	if v, ok := in["description"]; ok {
@@ -339,7 +334,8 @@ func (o *oracle) edit(in map[string]any, b *button) (named bool) {
 		named, b.ProductName = true, strings.TrimSpace(o.text("productName", v))
 		o.chars("productName", b.ProductName, 1, 250,
 			func(r rune) bool { return unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r) })
-		if !strings.ContainsFunc(b.ProductName, func(r rune) bool { return unicode.In(r, unicode.L, unicode.N, unicode.P, unicode.S) }) {
+		shows := func(r rune) bool { return unicode.In(r, unicode.L, unicode.N, unicode.P, unicode.S) }
+		if !strings.ContainsFunc(b.ProductName, shows) {
 			o.refuse("productName %.40q has no letter, digit, punctuation mark or symbol", b.ProductName)
 		}
 	}
@@ -398,9 +394,8 @@ func (o *oracle) scaled(name string, v any, exp int, limit int64) int64 {
 	return n
 }
 
-// metadata is stored merged with v: a string sets its key, null or "" removes
-// it; a key is 1 to 40 of A-Z a-z 0-9 _ - ., a value 1 to 500 characters
-// without control characters, and at most 50 keys remain. None is nil, as stored.
+// metadata is stored merged with v: a string sets its key, null or "" removes it; a key is 1 to 40 of A-Z a-z 0-9 _ -
+// ., a value 1 to 500 characters without control characters, and at most 50 keys remain. None is nil, as stored.
 func (o *oracle) metadata(v any, stored metadata) metadata {
 	object, ok := v.(map[string]any)
 	if !ok {
@@ -429,10 +424,9 @@ func (o *oracle) metadata(v any, stored metadata) metadata {
 	return merged
 }
 
-// expect checks that the answer r says message about want.ID, that want is
-// stored as got, and that get shows it as the contract renders a button: the
-// amount with its currency's places, the fee with two, an absent value as
-// null, metadata as {} when empty, times in RFC 3339 UTC.
+// expect checks that the answer r says message about want.ID, that want is stored as got, and that get shows it as the
+// contract renders a button: the amount with its currency's places, the fee with two, an absent value as null, metadata
+// as {} when empty, times in RFC 3339 UTC.
 func expect(t *testing.T, e *testEnv, r response, got, want button, message string) {
 	t.Helper()
 	if message != "" && (r.dataString() != want.ID || r.env.Message != message) {

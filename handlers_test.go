@@ -23,8 +23,7 @@ import (
 
 // --- the one test server, client and body builder every test uses ---
 
-// testEnv is a real server on a real SQLite file, with one key for account
-// "acme" and one for account "other".
+// testEnv is a real server on a real SQLite file, with one key for account "acme" and one for account "other".
 type testEnv struct {
 	t      testing.TB
 	url    string
@@ -35,8 +34,8 @@ type testEnv struct {
 	keyB   string // account other
 }
 
-// newTestServer serves a new database over a real HTTP server until the test
-// ends. change, if given, edits the server's config (no rate limit by default).
+// newTestServer serves a new database over a real HTTP server until the test ends; change edits its config (no rate
+// limit by default).
 func newTestServer(t testing.TB, change ...func(*config)) *testEnv {
 	t.Helper()
 	e := &testEnv{t: t, dbPath: filepath.Join(t.TempDir(), "test.db")}
@@ -99,8 +98,7 @@ func (r response) dataString() string {
 	return s
 }
 
-// do sends one request with key as X-API-KEY ("" for none) and headers as
-// name, value pairs, and fails the test unless the answer is the envelope.
+// do is callAPI on e's server, failing the test unless the answer is the envelope that openapi.json declares.
 func (e *testEnv) do(method, path, key, body string, headers ...string) response {
 	e.t.Helper()
 	r, err := callAPI(http.DefaultClient, method, e.url+path, key, body, headers...)
@@ -110,15 +108,15 @@ func (e *testEnv) do(method, path, key, body string, headers ...string) response
 	return r
 }
 
-// callAPI sends one request and reads the envelope it is answered with.
+// callAPI sends one request, with key as X-API-KEY ("" for none) and headers as name, value pairs, and reads the
+// envelope it is answered with; an answer that openapi.json does not declare is an error.
 func callAPI(client *http.Client, method, url, key, body string, headers ...string) (response, error) {
-	r := response{request: method + " " + url + " " + body}
+	r := response{request: fmt.Sprintf("%s %s %.300s", method, url, body)} // the body cut for failure messages
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		return r, err
 	}
-	// Without GetBody the transport never sends a request twice on its own
-	// (it would, for one with an Idempotency-Key), so one call is one request.
+	// Without GetBody the transport never resends a request on its own (it would, with an Idempotency-Key).
 	req.GetBody = nil
 	if key != "" {
 		req.Header.Set("X-API-KEY", key)
@@ -178,8 +176,7 @@ type raw string
 
 func (r raw) MarshalJSON() ([]byte, error) { return []byte(r), nil }
 
-// createBody is a valid create body (a Stripe one-time USD 19.90 button) with
-// changes applied: omit{} leaves a field out, nil sends null, raw sends JSON text.
+// createBody is a valid create body (Stripe, one time, 19.90 USD) with changes: omit{} drops a field, nil is null.
 func createBody(changes map[string]any) string {
 	body := map[string]any{"productName": "Pro plan", "description": "Monthly access", "amount": "19.90",
 		"currency": "USD", "paymentMethod": "Stripe", "paymentType": "one_time", "isLive": false}
@@ -247,13 +244,13 @@ func TestCreateRefusesAndStoresNothing(t *testing.T) {
 		body   string
 		fields []string
 	}{
-		{`{"productName":"","amount":"-1","currency":"usd","paymentMethod":"Stripe","paymentType":"one_time","isLive":"yes"}`,
-			[]string{"amount", "isLive", "productName"}},
-		{createBody(map[string]any{"productName": "a", "productName ": "b"}), []string{"productName "}},
+		{createBody(m{"productName": "", "amount": "-1", "isLive": "yes"}), []string{"amount", "isLive", "productName"}},
+		{createBody(m{"productName": "a", "productName ": "b"}), []string{"productName "}},
 		{createBody(nil) + `{}`, []string{"body"}},
 		{`["productName"]`, []string{"body"}},
 		{strings.Replace(createBody(nil), "Pro plan", "Pro \xff plan", 1), []string{"body"}},
-		{createBody(map[string]any{"applicationFeePercentage": "1"}), []string{"applicationFeePercentage"}},
+		{createBody(m{"applicationFeePercentage": "1"}), []string{"applicationFeePercentage"}},
+		{createBody(m{"productName": "Pro \u202egnp.exe"}), []string{"productName"}}, // bidi override
 	} {
 		e.do("POST", "/product-payment/create", e.key, tt.body).wantFields(t, tt.fields...)
 	}
@@ -265,18 +262,18 @@ func TestCreateRefusesAndStoresNothing(t *testing.T) {
 // -provider-name is the one payment method name for the own processor; the default one is refused then.
 func TestProviderNameFlagNamesTheOwnProcessor(t *testing.T) {
 	e := newTestServer(t, func(c *config) { c.providerName = "Acme Pay" })
-	id := e.create(e.key, createBody(map[string]any{"paymentMethod": "Acme Pay"}))
+	id := e.create(e.key, createBody(m{"paymentMethod": "Acme Pay"}))
 	if v := e.getView(e.key, id); v["paymentMethod"] != "Acme Pay" {
 		t.Errorf("got paymentMethod %v, want Acme Pay", v["paymentMethod"])
 	}
-	e.do("POST", "/product-payment/create", e.key, createBody(map[string]any{"paymentMethod": "the service"})).
+	e.do("POST", "/product-payment/create", e.key, createBody(m{"paymentMethod": "the service"})).
 		wantFields(t, "paymentMethod")
 }
 
 // Update changes what it names and keeps the rest; a refused update changes nothing.
 func TestUpdate(t *testing.T) {
 	e := newTestServer(t)
-	id := e.create(e.key, createBody(map[string]any{"amount": "10.50"}))
+	id := e.create(e.key, createBody(m{"amount": "10.50"}))
 	b := e.mustStored("acme", id)
 	for _, tt := range []struct{ body, field string }{
 		{`{}`, "body"},
@@ -308,8 +305,7 @@ func TestUpdate(t *testing.T) {
 	}
 }
 
-// Delete and restore each move a button once, a version each; a deleted button is read, not updated;
-// HEAD answers as get.
+// Delete and restore each move a button once, a version each; a deleted button is read, not updated; HEAD is get.
 func TestStateMachine(t *testing.T) {
 	e := newTestServer(t)
 	id := e.create(e.key, createBody(nil))
@@ -340,12 +336,12 @@ func TestStateMachine(t *testing.T) {
 	}
 }
 
-// Every refusal has its status and code and changes nothing, another account's button is not
-// found, and every answer carries the usual headers.
+// Every refusal has its status and code and changes nothing; another account's button is not found; every answer
+// carries the usual headers.
 func TestStatusCodesAndHeaders(t *testing.T) {
 	e := newTestServer(t)
 	id, otherID := e.create(e.key, createBody(nil)), e.create(e.keyB, createBody(nil))
-	before := e.mustStored("acme", id)
+	before, create, body := e.mustStored("acme", id), "/product-payment/create", createBody(nil)
 	for _, tt := range []struct {
 		name, method, path, key, body string
 		headers                       []string
@@ -366,18 +362,15 @@ func TestStatusCodesAndHeaders(t *testing.T) {
 		{"dot-dot path is not redirected", "GET", "/product-payment/get/../create", e.key, "", nil, 404, "not_found"},
 		{"double slash is not redirected", "GET", "/product-payment//get/" + id, e.key, "", nil, 404, "not_found"},
 		{"encoded dot segment", "GET", "/product-payment/get/%2e%2e/x", e.key, "", nil, 404, "not_found"},
-		{"trailing slash", "POST", "/product-payment/create/", e.key, createBody(nil), nil, 404, "not_found"},
-		{"wrong method", "GET", "/product-payment/create", e.key, "", nil, 405, "method_not_allowed"},
-		{"PUT", "PUT", "/product-payment/create", e.key, "", nil, 405, "method_not_allowed"},
-		{"OPTIONS", "OPTIONS", "/product-payment/create", "", "", nil, 405, "method_not_allowed"},
-		{"not JSON", "POST", "/product-payment/create", e.key, createBody(nil), []string{"Content-Type", "text/plain"},
-			415, "unsupported_media_type"},
-		{"JSON with charset", "POST", "/product-payment/create", e.key, createBody(nil),
-			[]string{"Content-Type", "application/json; charset=utf-8"}, 200, ""},
-		{"a +json type", "POST", "/product-payment/create", e.key, createBody(nil),
-			[]string{"Content-Type", "application/vnd.paybuttons+json"}, 200, ""},
-		{"too large", "POST", "/product-payment/create", e.key, strings.Repeat("x", 70_000), nil, 413, "payload_too_large"},
-		{"auth before body", "POST", "/product-payment/create", "", "{", nil, 401, "unauthorized"},
+		{"trailing slash", "POST", create + "/", e.key, body, nil, 404, "not_found"},
+		{"wrong method", "GET", create, e.key, "", nil, 405, "method_not_allowed"},
+		{"PUT", "PUT", create, e.key, "", nil, 405, "method_not_allowed"},
+		{"OPTIONS", "OPTIONS", create, "", "", nil, 405, "method_not_allowed"},
+		{"not JSON", "POST", create, e.key, body, []string{"Content-Type", "text/plain"}, 415, "unsupported_media_type"},
+		{"charset", "POST", create, e.key, body, []string{"Content-Type", "application/json; charset=utf-8"}, 200, ""},
+		{"a +json type", "POST", create, e.key, body, []string{"Content-Type", "application/vnd.paybuttons+json"}, 200, ""},
+		{"too large", "POST", create, e.key, strings.Repeat("x", 70_000), nil, 413, "payload_too_large"},
+		{"auth before body", "POST", create, "", "{", nil, 401, "unauthorized"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			before := e.countButtons()
@@ -389,9 +382,8 @@ func TestStatusCodesAndHeaders(t *testing.T) {
 			if tt.status == 405 && r.header.Get("Allow") != "POST" {
 				t.Errorf("got Allow %q, want POST", r.header.Get("Allow"))
 			}
-			for header, want := range map[string]string{
-				"Content-Type": "application/json", "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff",
-			} {
+			for header, want := range map[string]string{"Content-Type": "application/json", "Cache-Control": "no-store",
+				"X-Content-Type-Options": "nosniff"} {
 				if got := r.header.Get(header); got != want {
 					t.Errorf("%s: got %s %q, want %q", r.request, header, got, want)
 				}
@@ -431,27 +423,48 @@ func TestRateLimit(t *testing.T) {
 	e.do("GET", "/product-payment/get/x", e.keyB, "").want(t, 404, "not_found") // each key has its own bucket
 }
 
-// A key revoked by the CLI is refused on the next request like an unknown one, even on a write with a key the server
-// knows from memory; the account's other keys work.
+// A key revoked by another process is refused on its next request on every path, as an unknown key is, even right
+// after it was used; the account's other keys work on.
 func TestRevokedKeyStopsOnTheNextRequest(t *testing.T) {
 	e := newTestServer(t)
-	id := e.create(e.key, createBody(nil))
-	var r response
-	for _, req := range [][]string{{"DELETE", "/delete/", "", "Idempotency-Key", "k"}, // a replay, a change, a refusal
-		{"POST", "/update/", `{"productName":"Revoked"}`}, {"POST", "/update/", `{"productName":""}`}, {"GET", "/get/", ""}} {
-		key, keyID := e.mintKey("acme", false)
-		e.do("DELETE", "/product-payment/delete/"+id, key, "", "Idempotency-Key", "k").want(t, 200, "") // key known now
-		if _, err := runCLI(t, nil, "keys", "revoke", "-db", e.dbPath, keyID); err != nil {             // as another process
-			t.Fatalf("keys revoke: %v", err)
+	key, keyID := e.mintKey("acme", false)
+	id := e.create(key, createBody(nil))
+	e.do("DELETE", "/product-payment/delete/"+id, key, "", "Idempotency-Key", "k").want(t, 200, "")
+	before := e.mustStored("acme", id)
+	if _, err := runCLI(t, nil, "keys", "revoke", "-db", e.dbPath, keyID); err != nil { // a store of its own
+		t.Fatalf("keys revoke: %v", err)
+	}
+	unknown := e.do("GET", "/product-payment/get/"+id, "pbk_unknown", "")
+	for _, req := range [][]string{{"GET", "get/" + id, ""}, {"GET", "list", ""}, {"GET", "history/" + id, ""},
+		{"GET", "changes", ""}, {"DELETE", "delete/" + id, "", "Idempotency-Key", "k"}, // a replay
+		{"POST", "restore/" + id, ""}, {"POST", "update/" + id, `{"productName":""}`}, {"POST", "create", createBody(nil)}} {
+		r := e.do(req[0], "/product-payment/"+req[1], key, req[2], req[3:]...)
+		if r.want(t, 401, "unauthorized"); r.env.Message != unknown.env.Message {
+			t.Errorf("%s: got %q, want %q as for an unknown key", r.request, r.env.Message, unknown.env.Message)
 		}
-		r = e.do(req[0], "/product-payment"+req[1]+id, key, req[2], req[3:]...)
-		r.want(t, 401, "unauthorized")
 	}
-	if unknown := e.do("GET", "/product-payment/get/"+id, "pbk_unknown", ""); unknown.env.Message != r.env.Message {
-		t.Errorf("got %q for a revoked key, %q for an unknown one, want one answer", r.env.Message, unknown.env.Message)
+	if after := e.mustStored("acme", id); !reflect.DeepEqual(after, before) || e.countButtons() != 1 {
+		t.Errorf("got %+v and %d buttons after the revoked key's requests, want %+v and 1", after, e.countButtons(), before)
 	}
-	if got := e.getView(e.key, id); got["productName"] != "Pro plan" || got["version"] != 2.0 {
-		t.Errorf("got %v after the revoked keys' writes, want version 2, productName Pro plan", got)
+	e.getView(e.key, id) // the account's other key
+}
+
+// A handler's panic is a 500 with the generic envelope; the log has the cause and the stack.
+func TestPanicIsA500ThatLogsTheStack(t *testing.T) {
+	logs := &syncBuffer{}
+	s := &server{log: slog.New(slog.NewTextHandler(logs, nil)), metrics: metrics{routes: map[string]*routeMetrics{}}}
+	h := s.withBasics(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("secret detail") }))
+	rec, req := httptest.NewRecorder(), httptest.NewRequest("GET", "/anything", nil)
+	req.Header.Set("X-Request-Id", "trace-500")
+	h.ServeHTTP(rec, req)
+	want := `{"isSuccess":false,"data":"","message":"internal error","code":"internal"}`
+	if rec.Code != 500 || rec.Body.String() != want {
+		t.Errorf("got %d %s, want 500 %s", rec.Code, rec.Body, want)
+	}
+	for _, part := range []string{"secret detail", "requestId=trace-500", "goroutine", "status=500"} {
+		if !strings.Contains(logs.String(), part) {
+			t.Errorf("the log lacks %q:\n%s", part, logs)
+		}
 	}
 }
 
@@ -491,9 +504,8 @@ type running struct {
 	stop   func() error // cancels run's context and returns what run returned
 }
 
-// startRun runs the program with "serve" args on 127.0.0.1 and a free port,
-// and waits until it listens. It is stopped when the test ends if stop was
-// not called before.
+// startRun runs the program with "serve" args on 127.0.0.1 and a free port, and waits until it listens. It is stopped
+// when the test ends if stop was not called before.
 func startRun(t testing.TB, args ...string) *running {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())

@@ -19,6 +19,10 @@ var baseButton = button{ProductName: "Pro plan", Description: "Monthly access", 
 const (
 	notDecimal = `must be a plain decimal number such as "12.50" (no sign, exponent or spaces)`
 	tooSmall   = "must be greater than zero"
+	nameBidi   = "productName: must not contain control characters or bidirectional controls"
+	nameBlank  = "productName: must have at least one letter, digit, punctuation mark or symbol"
+	badPeriod  = `billingInterval: must be one of "day", "week", "month", "year"`
+	badCode    = `currency: must be a three-letter ISO 4217 code such as "USD"`
 )
 
 // checkProblems fails the test unless err is invalid_request with exactly the
@@ -47,6 +51,8 @@ func TestDecodeCreate(t *testing.T) {
 	for i := range 51 {
 		many[fmt.Sprint("k", i)] = "v"
 	}
+	every := func(period any) m { return m{"paymentType": "subscription", "billingInterval": period} }
+	connect := func(fee any) m { return m{"paymentMethod": "StripeConnect", feeField: fee} }
 	for _, tt := range []struct {
 		changes m
 		problem string          // "field: why" of a refused body, "" for one accepted
@@ -58,11 +64,12 @@ func TestDecodeCreate(t *testing.T) {
 		{m{"productName": strings.Repeat("é", 251)}, "productName: must be at most 250 characters (it has 251)", nil},
 		{m{"productName": "  Pro  \n"}, "", func(b *button) { b.ProductName = "Pro" }},
 		{m{"productName": " \t "}, "productName: must not be empty", nil},
-		{m{"productName": "\u200b\ufeff"}, "productName: must have at least one letter, digit, punctuation mark or symbol", nil},
-		{m{"productName": "T\ashirt"}, "productName: must not contain control characters or bidirectional controls", nil},
-		{m{"productName": "T\u0085shirt"}, "productName: must not contain control characters or bidirectional controls", nil},
-		{m{"productName": "Pro \u202eplan"}, "productName: must not contain control characters or bidirectional controls", nil},
-		{m{"productName": "\u0301\u0302"}, "productName: must have at least one letter, digit, punctuation mark or symbol", nil},
+		{m{"productName": "\u200b\ufeff"}, nameBlank, nil},
+		{m{"productName": "T\ashirt"}, nameBidi, nil},
+		{m{"productName": "T\u0085shirt"}, nameBidi, nil},
+		{m{"productName": "Pro \u202eplan"}, nameBidi, nil},
+		{m{"productName": "\u2066Pro\u2069"}, nameBidi, nil},
+		{m{"productName": "\u0301\u0302"}, nameBlank, nil},
 		{m{"productName": 7}, "productName: must be a string", nil},
 		{m{"productName": nil}, "productName: is required", nil},
 		{m{"productName": omit{}}, "productName: is required", nil},
@@ -73,24 +80,16 @@ func TestDecodeCreate(t *testing.T) {
 		{m{"description": ""}, "", func(b *button) { b.Description = "" }},
 		{m{"description": nil}, "", func(b *button) { b.Description = "" }},
 		{m{"description": []string{"a"}}, "description: must be a string", nil},
-		// amount: FuzzDecimal checks every text against an oracle; these pin the messages
+		// amount: FuzzDecimal checks any text, with the accepted values among its seeds; these rows pin the messages
 		{m{"amount": "0.00"}, "amount: " + tooSmall, nil},
-		{m{"amount": "0.01"}, "", func(b *button) { b.AmountMinor = 1 }},
-		{m{"amount": "10.500"}, "", func(b *button) { b.AmountMinor = 1050 }},
-		{m{"amount": "007.50"}, "", func(b *button) { b.AmountMinor = 750 }},
 		{m{"amount": "10.501"}, "amount: cannot be expressed in USD, which has at most 2 decimal places", nil},
 		{m{"amount": "1.5", "currency": "JPY"}, "amount: cannot be expressed in JPY, which has no decimal places", nil},
 		{m{"amount": "5.0", "currency": "JPY"}, "", func(b *button) { b.AmountMinor, b.Currency = 5, "JPY" }},
-		{m{"amount": "1.250", "currency": "KWD"}, "", func(b *button) { b.AmountMinor, b.Currency = 1250, "KWD" }},
-		{m{"amount": "10000000000000.00"}, "", func(b *button) { b.AmountMinor = 1_000_000_000_000_000 }},
 		{m{"amount": "10000000000000.01"}, "amount: is above the maximum of 10000000000000.00 USD", nil},
 		{m{"amount": strings.Repeat("9", 60)}, "amount: is above the maximum of 10000000000000.00 USD", nil},
 		{m{"amount": raw("19.99")}, "", func(b *button) { b.AmountMinor = 1999 }},
 		{m{"amount": raw("1e3")}, "amount: " + notDecimal, nil},
 		{m{"amount": "-1"}, "amount: " + notDecimal, nil},
-		{m{"amount": " 1"}, "amount: " + notDecimal, nil},
-		{m{"amount": ".5"}, "amount: " + notDecimal, nil},
-		{m{"amount": "１"}, "amount: " + notDecimal, nil},
 		{m{"amount": true}, "amount: must be a string or a number", nil},
 		{m{"amount": nil}, "amount: is required", nil},
 		// currency
@@ -101,15 +100,15 @@ func TestDecodeCreate(t *testing.T) {
 		{m{"currency": "BOV"}, "currency: is a fund code, not a chargeable currency", nil},
 		{m{"currency": "BGN"}, "currency: is a withdrawn ISO 4217 code, no longer chargeable", nil},
 		{m{"currency": "ABC"}, "currency: is not an ISO 4217 currency code", nil},
-		{m{"currency": "uſd"}, `currency: must be a three-letter ISO 4217 code such as "USD"`, nil}, // ToUpper makes it USD
-		{m{"currency": " USD"}, `currency: must be a three-letter ISO 4217 code such as "USD"`, nil},
+		{m{"currency": "uſd"}, badCode, nil}, // ToUpper makes it USD
+		{m{"currency": " USD"}, badCode, nil},
 		{m{"currency": raw("840")}, "currency: must be a string", nil},
 		// paymentType and billingInterval
-		{m{"paymentType": "subscription", "billingInterval": "Monthly"}, "", func(b *button) { b.PaymentType, b.BillingInterval = "subscription", "month" }},
-		{m{"paymentType": "subscription", "billingInterval": "ANNUALLY"}, "", func(b *button) { b.PaymentType, b.BillingInterval = "subscription", "year" }},
-		{m{"paymentType": "subscription", "billingInterval": ""}, "billingInterval: is required when paymentType is subscription", nil},
-		{m{"paymentType": "subscription", "billingInterval": "fortnight"}, `billingInterval: must be one of "day", "week", "month", "year"`, nil},
-		{m{"paymentType": "subscription", "billingInterval": "wee\u212a"}, `billingInterval: must be one of "day", "week", "month", "year"`, nil},
+		{every("Monthly"), "", func(b *button) { b.PaymentType, b.BillingInterval = "subscription", "month" }},
+		{every("ANNUALLY"), "", func(b *button) { b.PaymentType, b.BillingInterval = "subscription", "year" }},
+		{every(""), "billingInterval: is required when paymentType is subscription", nil},
+		{every("fortnight"), badPeriod, nil},
+		{every("wee\u212a"), badPeriod, nil},
 		{m{"billingInterval": "month"}, "billingInterval: must be absent when paymentType is one_time", nil},
 		{m{"billingInterval": nil}, "", func(b *button) {}},
 		{m{"paymentType": "ONE_TIME"}, `paymentType: must be exactly "one_time"`, nil},
@@ -118,13 +117,11 @@ func TestDecodeCreate(t *testing.T) {
 		{m{"paymentMethod": "the service"}, "", func(b *button) { b.PaymentMethod = "the service" }},
 		{m{"paymentMethod": "stripeconnect"}, `paymentMethod: must be exactly "StripeConnect"`, nil},
 		{m{"paymentMethod": "PayPal"}, `paymentMethod: must be one of "the service", "Stripe", "StripeConnect"`, nil},
-		{m{"paymentMethod": "StripeConnect", feeField: "0.01"}, "", func(b *button) { b.PaymentMethod, b.FeeBasisPoints = "StripeConnect", 1 }},
-		{m{"paymentMethod": "StripeConnect", feeField: raw("100")}, "", func(b *button) { b.PaymentMethod, b.FeeBasisPoints = "StripeConnect", 10000 }},
-		{m{"paymentMethod": "StripeConnect", feeField: "2.500"}, "", func(b *button) { b.PaymentMethod, b.FeeBasisPoints = "StripeConnect", 250 }},
-		{m{"paymentMethod": "StripeConnect", feeField: "0"}, feeField + ": must be between 0.01 and 100", nil},
-		{m{"paymentMethod": "StripeConnect", feeField: "100.01"}, feeField + ": must be between 0.01 and 100", nil},
-		{m{"paymentMethod": "StripeConnect", feeField: "2.505"}, feeField + ": must have at most 2 decimal places", nil},
-		{m{"paymentMethod": "StripeConnect", feeField: "2.5%"}, feeField + ": " + notDecimal, nil},
+		{connect(raw("100")), "", func(b *button) { b.PaymentMethod, b.FeeBasisPoints = "StripeConnect", 10000 }},
+		{connect("0"), feeField + ": must be between 0.01 and 100", nil},
+		{connect("100.01"), feeField + ": must be between 0.01 and 100", nil},
+		{connect("2.505"), feeField + ": must have at most 2 decimal places", nil},
+		{connect("2.5%"), feeField + ": " + notDecimal, nil},
 		{m{"paymentMethod": "StripeConnect"}, feeField + ": is required when paymentMethod is StripeConnect", nil},
 		{m{feeField: "x"}, feeField + ": is only allowed when paymentMethod is StripeConnect", nil}, // not read: drop it
 		{m{feeField: nil}, "", func(b *button) {}},
@@ -175,39 +172,45 @@ func TestDecodeBody(t *testing.T) {
 		{valid + ` {}`, fmt.Sprintf("body: has data after the JSON object (at byte %d)", len(valid)+1)},
 		{valid + " \n", ""},
 		{"\n " + valid, ""},
-		{`{"applicationFeePercentage": "1",` + inner + `}`, `applicationFeePercentage: unknown field; did you mean "ApplicationFeePercentage"?`},
+		{`{"applicationFeePercentage": "1",` + inner + `}`,
+			`applicationFeePercentage: unknown field; did you mean "ApplicationFeePercentage"?`},
 		{`{"colour": "red", "colour": "blue",` + inner + `}`, "colour: unknown field"},
 		{`{"\u0061mount": "5",` + inner + `}`, "amount: is given more than once"},
 		{`{"description": null, "description": null,` + inner + `}`, "description: is given more than once"},
 		// encoding/json reads a lone surrogate as U+FFFD, as any JSON library may
 		{`{"description": "a\ud800b",` + inner + `}`, ""},
 		{`{"currency": "\ud800",` + strings.Replace(inner, `"currency":"USD",`, "", 1) + `}`,
-			`currency: must be a three-letter ISO 4217 code such as "USD"`},
-		{`{"amount":"-1","currency":"ZZZ","productName":" ","isLive":"yes","colour":"red","paymentMethod":"Stripe","paymentType":"one_time"}`,
-			"amount: " + notDecimal + "|currency: is not an ISO 4217 currency code|productName: must not be empty|isLive: must be a boolean|colour: unknown field"},
+			badCode},
+		{createBody(m{"amount": "-1", "currency": "ZZZ", "productName": " ", "isLive": "yes", "colour": "red"}),
+			"amount: " + notDecimal + "|currency: is not an ISO 4217 currency code|productName: must not be empty|" +
+				"isLive: must be a boolean|colour: unknown field"},
 	} {
 		_, err := decodeCreate([]byte(tt.body), "the service")
 		checkProblems(t, tt.body, err, tt.problems)
 	}
-	b, err := decodeCreate([]byte(`{"description": "smile \ud83d\ude00, \\ud800 is text", "productName": "\u00e9t\u00e9",
-		"amount": "1", "currency": "EUR", "paymentMethod": "Stripe", "paymentType": "one_time", "isLive": true}`), "the service")
+	b, err := decodeCreate([]byte(`{"description":"smile \ud83d\ude00, \\ud800 is text","productName":"\u00e9t\u00e9",
+		"amount":"1","currency":"EUR","paymentMethod":"Stripe","paymentType":"one_time","isLive":true}`), "the service")
 	if err != nil || b.Description != `smile 😀, \ud800 is text` || b.ProductName != "été" {
 		t.Errorf("escapes: got %q %q (%v), want them read as JSON says", b.Description, b.ProductName, err)
 	}
-	if _, err := decodeCreate([]byte(createBody(m{"productName": omit{}, "amount": "0", "isLive": omit{}})), "the service"); err == nil ||
-		err.Error() != "3 fields are invalid: amount, isLive, productName" {
+	_, err = decodeCreate([]byte(createBody(m{"productName": omit{}, "amount": "0", "isLive": omit{}})), "the service")
+	if err == nil || err.Error() != "3 fields are invalid: amount, isLive, productName" {
 		t.Errorf("got message %v, want every failing field named", err)
 	}
 }
 
 // storedButton is an active button as the store would hand it to apply.
-var storedButton = button{ID: "btn_01JD0000000000000000000000", Account: "default", ProductName: "T-shirt", Description: "Cotton",
-	AmountMinor: 1050, Currency: "USD", PaymentMethod: "Stripe", PaymentType: "one_time", State: "active", Version: 3,
-	Metadata: metadata{"a": "1", "b": "2"}}
+var storedButton = button{ID: "btn_01JD0000000000000000000000", Account: "default", ProductName: "T-shirt",
+	Description: "Cotton", AmountMinor: 1050, Currency: "USD", PaymentMethod: "Stripe", PaymentType: "one_time",
+	State: "active", Version: 3, Metadata: metadata{"a": "1", "b": "2"}}
 
 // An update merges what it names into the stored button, or refuses with every problem and changes nothing.
 func TestDecodeUpdateAndApply(t *testing.T) {
-	const cannotJPY = "currency: cannot be changed to JPY without a new amount: the stored amount 10.50 cannot be expressed in JPY, which has no decimal places"
+	const cannotJPY = "currency: cannot be changed to JPY without a new amount: the stored amount 10.50 cannot be " +
+		"expressed in JPY, which has no decimal places"
+	in := func(currency string, minor int64) func(*button) {
+		return func(b *button) { b.Currency, b.AmountMinor = currency, minor }
+	}
 	for _, tt := range []struct {
 		stored   func(b *button) // the change from storedButton before the update
 		body     string
@@ -215,7 +218,7 @@ func TestDecodeUpdateAndApply(t *testing.T) {
 		want     func(b *button) // the change the update makes when accepted
 	}{
 		{nil, `{}`, "body: has no field to update", nil},
-		{nil, `{"amount": null, "productName": null, "currency": null, "metadata": null}`, "body: has no field to update", nil},
+		{nil, `{"amount":null,"productName":null,"currency":null,"metadata":null}`, "body: has no field to update", nil},
 		{nil, `[]`, "body: must be a JSON object", nil},
 		{nil, `{"isLive": null, "paymentType": "one_time", "productName": "New"}`,
 			"isLive: cannot be changed by update|paymentType: cannot be changed by update", nil},
@@ -226,22 +229,22 @@ func TestDecodeUpdateAndApply(t *testing.T) {
 		{nil, `{"description": ""}`, "", func(b *button) { b.Description = "" }},
 		{nil, `{"amount": 12.5}`, "", func(b *button) { b.AmountMinor = 1250 }},
 		{nil, `{"amount": "0"}`, "amount: " + tooSmall, nil},
-		{func(b *button) { b.Currency, b.AmountMinor = "JPY", 500 }, `{"amount": "10.5"}`,
-			"amount: cannot be expressed in JPY, which has no decimal places", nil},
-		{nil, `{"amount": "12.345", "currency": "USD"}`, "amount: cannot be expressed in USD, which has at most 2 decimal places", nil},
-		{nil, `{"amount": "12.345", "currency": "kwd"}`, "", func(b *button) { b.AmountMinor, b.Currency = 12345, "KWD" }},
+		{in("JPY", 500), `{"amount": "10.5"}`, "amount: cannot be expressed in JPY, which has no decimal places", nil},
+		{nil, `{"amount":"12.345","currency":"USD"}`,
+			"amount: cannot be expressed in USD, which has at most 2 decimal places", nil},
+		{nil, `{"amount": "12.345", "currency": "kwd"}`, "", in("KWD", 12345)},
 		{nil, `{"currency": "usd"}`, "", func(b *button) {}},
 		{nil, `{"currency": "JPY"}`, cannotJPY, nil},
-		{func(b *button) { b.AmountMinor = 1000 }, `{"currency": "JPY"}`, "", func(b *button) { b.AmountMinor, b.Currency = 10, "JPY" }},
-		{func(b *button) { b.Currency, b.AmountMinor = "KWD", 1250 }, `{"currency": "EUR"}`, "", func(b *button) { b.AmountMinor, b.Currency = 125, "EUR" }},
-		{func(b *button) { b.Currency, b.AmountMinor = "JPY", 1_000_000_000_000_000 }, `{"currency": "USD"}`,
-			"currency: cannot be changed to USD without a new amount: the stored amount 1000000000000000 is above the maximum of 10000000000000.00 USD", nil},
-		{func(b *button) { b.Currency = "BGN" }, `{"amount": "3"}`, "amount: cannot be expressed in BGN, which is no longer an active currency", nil},
-		{func(b *button) { b.Currency = "BGN" }, `{"productName": "Kept"}`, "", func(b *button) { b.ProductName = "Kept" }},
+		{in("USD", 1000), `{"currency": "JPY"}`, "", in("JPY", 10)},
+		{in("KWD", 1250), `{"currency": "EUR"}`, "", in("EUR", 125)},
+		{in("JPY", 1_000_000_000_000_000), `{"currency": "USD"}`, "currency: cannot be changed to USD without a new " +
+			"amount: the stored amount 1000000000000000 is above the maximum of 10000000000000.00 USD", nil},
+		{in("BGN", 1050), `{"amount":"3"}`, "amount: cannot be expressed in BGN, which is no longer an active currency", nil},
+		{in("BGN", 1050), `{"productName": "Kept"}`, "", func(b *button) { b.ProductName = "Kept" }},
 		{nil, `{"ApplicationFeePercentage": "2", "currency": "JPY"}`,
 			feeField + ": is only allowed when paymentMethod is StripeConnect (this button uses Stripe)|" + cannotJPY, nil},
-		{func(b *button) { b.PaymentMethod, b.FeeBasisPoints = "StripeConnect", 250 }, `{"ApplicationFeePercentage": 3.75}`, "",
-			func(b *button) { b.FeeBasisPoints = 375 }},
+		{func(b *button) { b.PaymentMethod, b.FeeBasisPoints = "StripeConnect", 250 }, `{"ApplicationFeePercentage":3.75}`,
+			"", func(b *button) { b.FeeBasisPoints = 375 }},
 		{nil, `{"metadata": {"a": null, "b": "", "c": "3"}}`, "", func(b *button) { b.Metadata = metadata{"c": "3"} }},
 		{nil, `{"metadata": {"a": "9"}}`, "", func(b *button) { b.Metadata = metadata{"a": "9", "b": "2"} }},
 		{func(b *button) { b.Metadata = nil }, `{"metadata": {}}`, "", func(b *button) {}},
@@ -267,41 +270,16 @@ func TestDecodeUpdateAndApply(t *testing.T) {
 	}
 }
 
-// Amounts render with their currency's places and read back as the same minor units.
-func TestAmountsRoundTrip(t *testing.T) {
-	for _, tt := range []struct {
-		minor    int64
-		currency string
-		want     string
-	}{
-		{1990, "USD", "19.90"}, {1, "USD", "0.01"}, {500, "JPY", "500"}, {5, "KWD", "0.005"},
-		{1_000_000_000_000_000, "USD", "10000000000000.00"}, {1_000_000_000_000_000, "JPY", "1000000000000000"},
-	} {
-		d, ok := parseDecimal(tt.want)
-		if got := formatAmount(tt.minor, tt.currency); got != tt.want {
-			t.Errorf("formatAmount(%d, %s): got %q, want %q", tt.minor, tt.currency, got, tt.want)
-		} else if back, why := minorUnits(d, tt.currency); !ok || why != "" || back != tt.minor {
-			t.Errorf("%q %s reads back as %d (%q), want %d", tt.want, tt.currency, back, why, tt.minor)
-		}
-	}
-	if d, _ := parseDecimal("0"); !d.isZero() {
-		t.Error(`"0" is not zero`)
-	} else if n, why := minorUnits(d, "USD"); n != 0 || why != "" { // was "above the maximum" once
-		t.Errorf("minorUnits(0, USD): got %d %q, want 0", n, why)
-	}
+// Every currency of the table has an ISO 4217 exponent and none is excluded; zero is zero minor units. (FuzzDecimal
+// checks that every amount renders with its currency's places and reads back as the same minor units.)
+func TestCurrencyTable(t *testing.T) {
 	for code, exp := range currencyExponents {
 		if _, excluded := currencyExclusions[code]; excluded || len(code) != 3 || exp != 0 && exp != 2 && exp != 3 {
 			t.Errorf("currency %s: exponent %d, excluded %v", code, exp, excluded)
 		}
 	}
-	if formatScaled(250, 2) != "2.50" || formatScaled(10000, 2) != "100.00" {
-		t.Errorf("formatScaled(bp, 2): got %q and %q, want 2.50 and 100.00", formatScaled(250, 2), formatScaled(10000, 2))
-	}
-}
-
-// minorUnits is fields.minorUnits on its own: d in currency's minor units, or why it cannot be.
-func minorUnits(d decimal, currency string) (int64, string) {
 	f := &fields{problems: problems{}}
-	n := f.minorUnits("amount", d, currency)
-	return n, f.problems["amount"]
+	if d, _ := parseDecimal("0"); !d.isZero() || f.minorUnits("amount", d, "USD") != 0 || len(f.problems) > 0 {
+		t.Errorf(`"0": got zero %v and problems %v, want 0 USD cents`, d.isZero(), f.problems) // was "above the maximum"
+	}
 }
