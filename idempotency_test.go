@@ -186,18 +186,18 @@ func TestVersionsETagAndIfMatch(t *testing.T) {
 	}
 }
 
-// A body of thousands of unknown fields gets a 400 of a few KB: it names the first 20, each cut to 40 characters, and
-// says how many more there were; with an Idempotency-Key, that small answer is what is stored (issue 16, item 3).
+// A body of thousands of unknown fields gets a 400 of a few KB: it names the first 20, each cut to 40 bytes, and says
+// how many more there were; with an Idempotency-Key, that small answer is what is stored (issue 16, item 3).
 func TestLargeRefusalIsSmallAndStoredSmall(t *testing.T) {
 	e := newTestServer(t)
 	unknown, shown := m{}, []string(nil)
 	for i := range 3000 {
 		name := fmt.Sprintf("z%04d", i)
-		if i < 25 { // sorted first, and longer than 40 characters of two bytes each
+		if i < 25 { // sorted first, and longer than 40 bytes: cut at 39, between two-byte characters
 			name = fmt.Sprintf("%02d", i) + strings.Repeat("é", 60)
 		}
 		if unknown[name] = 1; i < 20 {
-			shown = append(shown, name[:2+2*37]+"…")
+			shown = append(shown, name[:2+2*18]+"…")
 		}
 	}
 	body := createBody(unknown)

@@ -283,3 +283,17 @@ func TestCurrencyTable(t *testing.T) {
 		t.Errorf(`"0": got zero %v and problems %v, want 0 USD cents`, d.isZero(), f.problems) // was "above the maximum"
 	}
 }
+
+// A 400 shows a field's name in at most 40 bytes of JSON: what JSON escapes as "?", a longer name cut with "…".
+func TestShownName(t *testing.T) {
+	for name, want := range map[string]string{
+		"amount":                  "amount",
+		"a\u0001b<c>&\"d\\\u2028": "a?b?c???d??",
+		strings.Repeat("x", 41):   strings.Repeat("x", 39) + "…",
+		strings.Repeat("é", 30):   strings.Repeat("é", 19) + "…",
+	} {
+		if got := shownName(name); got != want {
+			t.Errorf("shownName(%q): got %q, want %q", name, got, want)
+		}
+	}
+}
