@@ -6,7 +6,7 @@ package main
 // as the user nobody.
 
 import (
-	"io"
+	"cmp"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -38,7 +38,8 @@ func TestUnwritableDatabaseIsRefusedAtStart(t *testing.T) {
 		os.Chmod(filepath.Dir(dir), 0o755)
 		os.Chmod(dir, 0o777)
 		os.Chmod(dbPath, 0o644)
-		if err := copyFile(cmd.Path, filepath.Join(dir, "paybuttons.test")); err != nil {
+		binary, err := os.ReadFile(cmd.Path)
+		if err = cmp.Or(err, os.WriteFile(filepath.Join(dir, "paybuttons.test"), binary, 0o755)); err != nil {
 			t.Fatal(err)
 		}
 		cmd.Path = filepath.Join(dir, "paybuttons.test")
@@ -52,22 +53,4 @@ func TestUnwritableDatabaseIsRefusedAtStart(t *testing.T) {
 	if list, _ := runCLI(t, nil, "keys", "list", "-db", dbPath); strings.Count(list, "\n") != 1 {
 		t.Errorf("keys list after the refused start: got %q, want the one key made before, none minted", list)
 	}
-}
-
-// copyFile copies the file at from to a new executable file at to.
-func copyFile(from, to string) error {
-	in, err := os.Open(from)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(to, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o755)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }

@@ -9,7 +9,6 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -37,14 +36,6 @@ func wantUnavailable(t *testing.T, r response) {
 	}
 }
 
-// wantFresh checks that r was not replayed from an Idempotency-Key: the request ran.
-func wantFresh(t *testing.T, r response) {
-	t.Helper()
-	if r.header.Get("Idempotent-Replayed") != "" {
-		t.Errorf("%s: got a replay, want the request to run: no answer was kept for its key", r.request)
-	}
-}
-
 // --- the database ---
 
 // /healthz answers 200, and 503 once a table it reads is gone or the database does not answer.
@@ -55,14 +46,14 @@ func TestHealthz(t *testing.T) {
 		e.do("GET", "/healthz", "", "").want(t, 200, "")
 		if table == "" {
 			e.store.health.Close() // its connections closed: the database no longer answers
-		} else if db, _ := sql.Open("sqlite", e.dbPath); db.QueryRow("DROP TABLE "+table).Scan() != sql.ErrNoRows {
-			t.Fatalf("drop %s", table)
-		} else {
-			db.Close()
+		} else if err := e.store.write(context.Background(), func(tx *writeTx) error {
+			_, err := tx.exec("DROP TABLE " + table)
+			return err
+		}); err != nil {
+			t.Fatal(err)
 		}
 		r := e.do("GET", "/healthz", "", "")
-		wantUnavailable(t, r)
-		if r.env.Message != "the database does not answer or refuses writes" {
+		if wantUnavailable(t, r); r.env.Message != "the database does not answer or refuses writes" {
 			t.Errorf("%q dropped: got message %q, want the database does not answer or refuses writes", table,
 				r.env.Message)
 		}
@@ -76,7 +67,7 @@ func TestBusyDatabaseAnswersUnavailable(t *testing.T) {
 	e := newTestServer(t)
 	// This also records the key's last use, so that no background write of it joins the create below.
 	first := e.create(e.key, createBody(nil))
-	other, _ := sql.Open("sqlite", e.dbPath)
+	other, _ := sql.Open("sqlite", e.dbPath+"?_pragma=busy_timeout(5000)")
 	defer other.Close()
 	lock, err := other.Begin()
 	if err == nil {
@@ -95,19 +86,17 @@ func TestBusyDatabaseAnswersUnavailable(t *testing.T) {
 	if err := lock.Rollback(); err != nil {
 		t.Fatal(err)
 	}
-	r := e.do("POST", "/product-payment/create", e.key, blocked, "Idempotency-Key", "busy-create")
-	r.want(t, 200, "")
-	wantFresh(t, r)
-	if b := e.mustStored("acme", r.dataString()); b.ProductName != "Blocked" {
-		t.Errorf("create after the lock was released: got %+v, want it stored", b)
+	r := e.do("POST", "/product-payment/create", e.key, blocked, "Idempotency-Key", "busy-create") // the 503 not kept
+	if r.want(t, 200, ""); e.mustStored("acme", r.dataString()).ProductName != "Blocked" {
+		t.Errorf("create after the lock was released: got %s, want it stored", r.raw)
 	}
 	if b := e.mustStored("acme", first); b.ProductName != "Pro plan" {
 		t.Errorf("got productName %q, want the other connection's rolled-back write gone", b.ProductName)
 	}
 }
 
-// On a full database (max_page_count) writes answer 503 and change nothing, a batch fails as a unit, and writes
-// succeed once there is room.
+// On a full database (max_page_count) writes answer 503 and change nothing, a batch fails as a unit with the answers
+// rendered in it, and writes succeed once there is room.
 func TestFullDatabaseAnswersUnavailable(t *testing.T) {
 	t.Parallel()
 	e := newTestServer(t)
@@ -115,14 +104,12 @@ func TestFullDatabaseAnswersUnavailable(t *testing.T) {
 	for i := range ids {
 		ids[i] = e.create(e.key, createBody(m{"amount": "1.00"}))
 	}
-	// max_page_count belongs to a connection: it goes through the writer, the one connection every write uses.
-	maxPages := func(n int) {
+	maxPages := func(n int) { // a pragma of the connection: it goes through the writer, the one every write uses
 		t.Helper()
-		err := e.store.write(context.Background(), func(tx *writeTx) error {
+		if err := e.store.write(context.Background(), func(tx *writeTx) error {
 			_, err := tx.exec(fmt.Sprintf(`PRAGMA max_page_count = %d`, n))
 			return err
-		})
-		if err != nil {
+		}); err != nil {
 			t.Fatalf("max_page_count = %d: %v", n, err)
 		}
 	}
@@ -132,17 +119,10 @@ func TestFullDatabaseAnswersUnavailable(t *testing.T) {
 	maxPages(e.count(`PRAGMA page_count`))
 	big := strings.Repeat("é", 5000) // 10 KB: needs new overflow pages
 	bigCreate, bigUpdate := createBody(m{"description": big}), fmt.Sprintf(`{"description":%q}`, big)
-	for _, tt := range []struct{ path, body, key string }{
-		{"create", bigCreate, ""}, {"create", bigCreate, "full-create"},
-		{"update/" + ids[0], bigUpdate, "full-update"}, {"update/" + ids[0], bigUpdate, ""}, // a row that grows
-	} {
-		var headers []string
-		if tt.key != "" {
-			headers = []string{"Idempotency-Key", tt.key}
-		}
-		r := e.do("POST", "/product-payment/"+tt.path, e.key, tt.body, headers...)
-		wantUnavailable(t, r)
-		if !strings.Contains(r.env.Message, "disk is full") {
+	for _, tt := range [][]string{{"create", bigCreate, "Idempotency-Key", "full-create"},
+		{"update/" + ids[0], bigUpdate}} { // a row that grows
+		r := e.do("POST", "/product-payment/"+tt[0], e.key, tt[1], tt[2:]...)
+		if wantUnavailable(t, r); !strings.Contains(r.env.Message, "disk is full") {
 			t.Errorf("got %q on a full disk, want it to say the disk is full", r.env.Message)
 		}
 	}
@@ -150,9 +130,9 @@ func TestFullDatabaseAnswersUnavailable(t *testing.T) {
 		t.Errorf("after the 503 update got a description of %d characters, version %d; want it unchanged, version 1",
 			len(b.Description), b.Version)
 	}
-	// One batch of updates that fit in the pages the file has, then creates that do not: the batch fails as a unit,
-	// so none of them may be answered 200 unless it is stored. The writer is held so that every request queues
-	// behind it; a channel's waiting senders are served in order.
+	// One batch of updates that fit in the pages the file has, then creates that do not: none may be answered 200
+	// unless it is stored. The writer is held so that every request queues behind it, in the order sent; the pauses
+	// only make that order likelier, and the checks hold whatever it is.
 	release := holdWriter(e.store)
 	creates, updates := make([]response, 3), make([]response, len(ids)-1)
 	var wg sync.WaitGroup
@@ -162,13 +142,13 @@ func TestFullDatabaseAnswersUnavailable(t *testing.T) {
 				fmt.Sprintf(`{"amount":"%d.00"}`, i+2), "Idempotency-Key", ids[i+1])
 		})
 	}
-	time.Sleep(200 * time.Millisecond) // the pauses only decide the order within the batch, never what is accepted
+	time.Sleep(100 * time.Millisecond)
 	for i := range creates {
 		wg.Go(func() {
 			creates[i], _ = callAPI(http.DefaultClient, "POST", e.url+"/product-payment/create", e.key, bigCreate)
 		})
 	}
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond)
 	release()
 	wg.Wait()
 	for _, r := range creates {
@@ -182,21 +162,19 @@ func TestFullDatabaseAnswersUnavailable(t *testing.T) {
 			wantUnavailable(t, r)
 		}
 		if b.AmountMinor != want.AmountMinor || b.Version != want.Version {
-			t.Errorf("update %d answered %d: got amount %d version %d stored, want %d version %d",
-				i, r.status, b.AmountMinor, b.Version, want.AmountMinor, want.Version)
+			t.Errorf("%s answered %d: got amount %d version %d stored, want %d version %d",
+				r.request, r.status, b.AmountMinor, b.Version, want.AmountMinor, want.Version)
 		}
 	}
 	if n := e.countButtons(); n != len(ids) {
 		t.Errorf("got %d buttons after the failed creates, want %d", n, len(ids))
 	}
 	maxPages(1 << 30)
-	if b := e.mustStored("acme", e.create(e.key, bigCreate)); b.Description != big {
-		t.Errorf("create once there is room: got %d characters of description, want %d", len(b.Description), len(big))
-	}
 	e.do("POST", "/product-payment/update/"+ids[0], e.key, bigUpdate).want(t, 200, "")
-	r := e.do("POST", "/product-payment/create", e.key, bigCreate, "Idempotency-Key", "full-create")
-	r.want(t, 200, "")
-	wantFresh(t, r)
+	r := e.do("POST", "/product-payment/create", e.key, bigCreate, "Idempotency-Key", "full-create") // the 503 not kept
+	if r.want(t, 200, ""); e.mustStored("acme", r.dataString()).Description != big {
+		t.Errorf("create once there is room: got it stored without its description")
+	}
 }
 
 // On a real full disk (a small tmpfs) writes and /healthz answer 503; once a file is removed /healthz answers 200
@@ -222,9 +200,8 @@ func TestFullDiskTurnsHealthzUnavailableUntilThereIsRoom(t *testing.T) {
 	}
 	e.key, _ = e.mintKey("acme", false)
 	e.url = serveStore(t, e.store, config{providerName: "the service"})
-	var acked []string
 	for range 5 {
-		acked = append(acked, e.create(e.key, createBody(nil)))
+		e.create(e.key, createBody(nil))
 	}
 	filler, err := os.Create(filepath.Join(dir, "filler"))
 	if err != nil {
@@ -243,12 +220,8 @@ func TestFullDiskTurnsHealthzUnavailableUntilThereIsRoom(t *testing.T) {
 	}
 	os.Remove(filler.Name())
 	e.do("GET", "/healthz", "", "").want(t, 200, "")
-	acked = append(acked, e.create(e.key, createBody(nil)))
-	for _, id := range acked {
-		e.getView(e.key, id)
-	}
-	if n := e.countButtons(); n != len(acked) {
-		t.Errorf("got %d buttons, want the %d creates answered 200", n, len(acked))
+	if e.create(e.key, createBody(nil)); e.countButtons() != 6 {
+		t.Errorf("got %d buttons, want the 6 creates answered 200", e.countButtons())
 	}
 }
 
@@ -272,18 +245,14 @@ func TestDamagedFileTurnsHealthzUnavailableForGood(t *testing.T) {
 	}
 	file, _ := os.OpenFile(e.dbPath, os.O_RDWR, 0)
 	defer file.Close()
-	page := make([]byte, pageSize)
-	if _, err := file.ReadAt(page, (root-1)*pageSize); err != nil {
+	page, at := make([]byte, pageSize), (root-1)*pageSize
+	if _, err := file.ReadAt(page, at); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := file.WriteAt(bytes.Repeat([]byte{0xff}, int(pageSize)), (root-1)*pageSize); err != nil {
-		t.Fatal(err)
-	}
+	file.WriteAt(bytes.Repeat([]byte{0xff}, int(pageSize)), at)
 	e.do("GET", "/healthz", "", "").want(t, 200, "") // it does not read that index
 	wantUnavailable(t, e.do("GET", "/product-payment/list", e.key, ""))
-	if _, err := file.WriteAt(page, (root-1)*pageSize); err != nil { // repaired: every query would succeed again
-		t.Fatal(err)
-	}
+	file.WriteAt(page, at) // repaired: every query would succeed again
 	wantUnavailable(t, e.do("GET", "/healthz", "", ""))
 	wantUnavailable(t, e.do("POST", "/product-payment/create", e.key, createBody(nil)))
 	e.getView(e.key, id) // reads that succeed still answer
@@ -295,9 +264,6 @@ func TestDamagedFileTurnsHealthzUnavailableForGood(t *testing.T) {
 // With its -wal file removed a server would lose every write acknowledged after: writes and /healthz answer 503, an
 // ERROR line says to stop with SIGTERM, whose checkpoint saves what was written.
 func TestRemovedWALRefusesWritesAndSIGTERMSavesThem(t *testing.T) {
-	if runtime.GOOS == "windows" {
-		t.Skip("needs SIGTERM, and a file removed while open")
-	}
 	t.Parallel()
 	dbPath := filepath.Join(t.TempDir(), "wal.db")
 	key := mintKeyCLI(t, dbPath, "acme")
@@ -346,7 +312,7 @@ func TestFailedAuthenticationIsLimited(t *testing.T) {
 	e.do("GET", "/product-payment/list", e.key, "").want(t, 200, "") // the same address, a valid key
 }
 
-// rawConn is a client's connection, read by hand.
+// rawConn is a client's connection, written and read by hand.
 type rawConn struct {
 	net.Conn
 	r *bufio.Reader
@@ -359,21 +325,21 @@ func dialRaw(t *testing.T, addr string) rawConn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c.SetDeadline(time.Now().Add(15 * time.Second))
 	return rawConn{c, bufio.NewReader(c)}
 }
 
-// roundTrip sends a request and reads its answer's status, or -1.
-func (c rawConn) roundTrip(request string) (status int) {
+// roundTrip sends request and reads the answer's status and body; status -1 if there is none.
+func (c rawConn) roundTrip(request string) (status int, header http.Header, body []byte) {
 	fmt.Fprint(c, request)
 	resp, err := http.ReadResponse(c.r, nil)
 	if err != nil {
-		return -1
+		return -1, nil, nil
 	}
-	if resp.ContentLength >= 0 { // else it ends when the server closes
-		io.Copy(io.Discard, resp.Body)
+	if resp.ContentLength >= 0 { // else it ends when the server closes the connection
+		body, _ = io.ReadAll(resp.Body)
 	}
-	return resp.StatusCode
+	return resp.StatusCode, resp.Header, body
 }
 
 // At the -max-conns cap an idle keep-alive connection is closed to let a new client in within a second; a connection
@@ -381,33 +347,30 @@ func (c rawConn) roundTrip(request string) (status int) {
 func TestConnectionCapMakesRoomFromIdleConnections(t *testing.T) {
 	t.Parallel()
 	srv := startRun(t, "-db", filepath.Join(t.TempDir(), "conns.db"), "-max-conns", "2")
-	addr, key := strings.TrimPrefix(srv.url, "http://"), srv.mintedKey()
-	healthz := "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
-	// A create whose body is held back: its handler runs and waits for it; the 100 Continue says so.
+	addr, healthz := strings.TrimPrefix(srv.url, "http://"), "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+	// A create whose body is held back: its handler runs and waits for it, as the 100 Continue says.
 	body := createBody(nil)
 	held := fmt.Sprintf("POST /product-payment/create HTTP/1.1\r\nHost: x\r\nX-API-KEY: %s\r\n"+
-		"Content-Type: application/json\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n", key, len(body))
+		"Content-Type: application/json\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n", srv.mintedKey(), len(body))
 	busy, idle := dialRaw(t, addr), dialRaw(t, addr)
-	if status := busy.roundTrip(held); status != 100 {
+	if status, _, _ := busy.roundTrip(held); status != 100 {
 		t.Fatalf("a create with Expect: 100-continue: got %d, want 100", status)
 	}
-	if status := idle.roundTrip(healthz); status != 200 {
+	if status, _, _ := idle.roundTrip(healthz); status != 200 {
 		t.Fatalf("healthz: got %d, want 200", status)
 	}
 	// The idle one may not be marked idle yet when its answer arrives: the newcomer tries until a second has passed.
-	start := time.Now()
 	var newcomer rawConn
-	for status := 0; status != 200; {
+	for status, start := 0, time.Now(); status != 200; status, _, _ = newcomer.roundTrip(healthz) {
 		if time.Since(start) > time.Second {
 			t.Fatalf("a new client at the cap with an idle connection open: got %d for a second, want 200", status)
 		}
 		newcomer = dialRaw(t, addr)
-		status = newcomer.roundTrip(healthz)
 	}
 	if _, err := idle.r.ReadByte(); err != io.EOF {
 		t.Errorf("the idle connection: got %v, want it closed (EOF)", err)
 	}
-	if status := newcomer.roundTrip(held); status != 100 {
+	if status, _, _ := newcomer.roundTrip(held); status != 100 {
 		t.Fatalf("a second held create: got %d, want 100", status)
 	}
 	refused := dialRaw(t, addr)
@@ -416,21 +379,33 @@ func TestConnectionCapMakesRoomFromIdleConnections(t *testing.T) {
 		t.Errorf("a connection at the cap with none idle: got %d bytes, %v, want it closed at once", n, err)
 	}
 	for _, c := range []rawConn{busy, newcomer} { // their requests were in progress: they are answered
-		if status := c.roundTrip(body); status != 200 {
+		if status, _, _ := c.roundTrip(body); status != 200 {
 			t.Errorf("a create in progress at the cap: got %d, want 200", status)
 		}
 	}
 }
 
-// Request headers of 16 KiB are read, 16 KiB + 1 byte is a 431.
-func TestHeadersOver16KiBAreRefused(t *testing.T) {
+// What only the real http.Server sees: headers of 16 KiB are read and 16 KiB + 1 byte is a 431; OPTIONS * is answered
+// with the envelope and the usual headers, like any path.
+func TestHeaderLimitAndOptionsStar(t *testing.T) {
 	t.Parallel()
 	srv := startRun(t, "-db", filepath.Join(t.TempDir(), "headers.db"))
-	for _, tt := range []struct{ size, status int }{{15 << 10, 200}, {16 << 10, 200}, {16<<10 + 1, 431}} {
-		head := "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Padding: "
-		request := head + strings.Repeat("a", tt.size-len(head)-4) + "\r\n\r\n"
-		if status := dialRaw(t, strings.TrimPrefix(srv.url, "http://")).roundTrip(request); status != tt.status {
-			t.Errorf("a request of %d bytes to its blank line: got %d, want %d", tt.size, status, tt.status)
+	head := "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Padding: "
+	for _, tt := range []struct {
+		request string
+		status  int
+		want    string // in the body
+	}{
+		{head + strings.Repeat("a", 15<<10-len(head)-4) + "\r\n\r\n", 200, `"isSuccess":true`},
+		{head + strings.Repeat("a", 16<<10-len(head)-4) + "\r\n\r\n", 200, `"isSuccess":true`},
+		{head + strings.Repeat("a", 16<<10+1-len(head)-4) + "\r\n\r\n", 431, ""},
+		{"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n", 404, `"code":"not_found"`},
+	} {
+		status, header, body := dialRaw(t, strings.TrimPrefix(srv.url, "http://")).roundTrip(tt.request)
+		if status != tt.status || !strings.Contains(string(body), tt.want) ||
+			status != 431 && header.Get("X-Request-Id") == "" {
+			t.Errorf("%.20q (%d bytes): got %d %s, want %d with %s and an X-Request-Id", tt.request, len(tt.request),
+				status, body, tt.status, tt.want)
 		}
 	}
 }
@@ -440,18 +415,13 @@ func TestSlowHeaderSenderIsDropped(t *testing.T) {
 	longTests(t) // waits out the 5 s header timeout, which the contract sets
 	t.Parallel()
 	srv := startRun(t, "-db", filepath.Join(t.TempDir(), "slow.db"))
-	addr, key := strings.TrimPrefix(srv.url, "http://"), srv.mintedKey()
-	conn := dialRaw(t, addr)
-	conn.SetDeadline(time.Now().Add(15 * time.Second))
-	start, closed := time.Now(), make(chan []byte, 1)
+	conn, start, closed := dialRaw(t, strings.TrimPrefix(srv.url, "http://")), time.Now(), make(chan []byte, 1)
 	go func() {
 		got, _ := io.ReadAll(conn) // until the server closes the connection
 		closed <- got
 	}()
-	header := "GET /healthz HTTP/1.1\r\nHost: " + addr + "\r\nX-Padding: " + strings.Repeat("a", 200)
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	for i := 0; ; i++ {
+	header := "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Padding: " + strings.Repeat("a", 200)
+	for i := 0; i < len(header); i++ {
 		select {
 		case got := <-closed:
 			if at := time.Since(start); at < 4*time.Second || at > 8*time.Second {
@@ -462,19 +432,18 @@ func TestSlowHeaderSenderIsDropped(t *testing.T) {
 				t.Errorf("got %q on the slow connection, want it closed, at most with a 4xx", got)
 			}
 			return
-		case <-tick.C:
-		}
-		if i >= len(header) {
-			t.Fatalf("connection still open after %v of slow headers", time.Since(start))
+		case <-time.After(200 * time.Millisecond):
 		}
 		conn.Write([]byte{header[i]}) // fails once the server has closed; the reader reports that
 		if i == 5 {
-			r, err := callAPI(http.DefaultClient, "POST", srv.url+"/product-payment/create", key, createBody(nil))
+			r, err := callAPI(http.DefaultClient, "POST", srv.url+"/product-payment/create", srv.mintedKey(),
+				createBody(nil))
 			if err != nil || r.status != 200 {
 				t.Errorf("create while a slow client sends headers: got %d (%v), want 200", r.status, err)
 			}
 		}
 	}
+	t.Fatalf("connection still open after %v of slow headers", time.Since(start))
 }
 
 // A 10 MB body is a 413 long before it is all sent: nothing stored, the rest never read.
@@ -486,18 +455,12 @@ func TestHugeBodyIsRefusedUnread(t *testing.T) {
 	for _, framing := range []string{fmt.Sprintf("Content-Length: %d", total), "Transfer-Encoding: chunked"} {
 		t.Run(framing, func(t *testing.T) {
 			t.Parallel()
-			conn := dialRaw(t, addr)
-			fmt.Fprintf(conn, "POST /product-payment/create HTTP/1.1\r\nHost: %s\r\nX-API-KEY: %s\r\n"+
-				"Content-Type: application/json\r\n%s\r\n\r\n", addr, key, framing)
-			answered := make(chan response, 1)
+			conn, answered := dialRaw(t, addr), make(chan int, 1)
+			fmt.Fprintf(conn, "POST /product-payment/create HTTP/1.1\r\nHost: x\r\nX-API-KEY: %s\r\n"+
+				"Content-Type: application/json\r\n%s\r\n\r\n", key, framing)
 			go func() {
-				r := response{request: "POST /product-payment/create " + framing}
-				if resp, err := http.ReadResponse(conn.r, nil); err == nil {
-					r.status = resp.StatusCode
-					r.raw, _ = io.ReadAll(resp.Body)
-					json.Unmarshal(r.raw, &r.env)
-				}
-				answered <- r
+				status, _, _ := conn.roundTrip("")
+				answered <- status
 			}()
 			// 32 KiB every 5 ms: a server that read all 10 MB before answering would answer after some 1.6 s, not
 			// after a few chunks.
@@ -505,23 +468,19 @@ func TestHugeBodyIsRefusedUnread(t *testing.T) {
 			if strings.HasPrefix(framing, "Transfer-Encoding") {
 				chunk = append(append([]byte(fmt.Sprintf("%x\r\n", len(chunk))), chunk...), "\r\n"...)
 			}
-			tick := time.NewTicker(5 * time.Millisecond)
-			defer tick.Stop()
-			sent, sentAtAnswer := 0, -1
+			sent, sentAtAnswer, status := 0, -1, 0
 			var writeErr error
-			for sent < total && writeErr == nil {
+			for ; sent < total && writeErr == nil; sent += 32 << 10 {
 				select {
-				case r := <-answered:
+				case status = <-answered:
 					sentAtAnswer = sent
-					r.want(t, 413, "payload_too_large")
-				case <-tick.C:
+				case <-time.After(5 * time.Millisecond):
 				}
 				_, writeErr = conn.Write(chunk)
-				sent += 32 << 10
 			}
 			switch {
-			case sentAtAnswer < 0:
-				t.Fatalf("no answer after sending %d bytes (write error %v)", sent, writeErr)
+			case sentAtAnswer < 0 || status != 413:
+				t.Errorf("got %d after sending %d bytes (write error %v), want 413", status, sent, writeErr)
 			case sentAtAnswer > total/2:
 				t.Errorf("got the answer after %d bytes of the body, want it far sooner", sentAtAnswer)
 			case writeErr == nil:
