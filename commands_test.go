@@ -322,21 +322,22 @@ func TestSIGTERMExits0WhenAClientDoesNotRead(t *testing.T) {
 	dbPath := filepath.Join(t.TempDir(), "term.db")
 	key := mintKeyCLI(t, dbPath, "acme")
 	child, client := startChild(t, dbPath), newTestClient()
-	r, _ := callAPI(client, "POST", child.url+"/product-payment/create", key, createBody(nil))
+	created, _ := callAPI(client, "POST", child.url+"/product-payment/create", key, createBody(nil))
 	for version := range 100 { // each changes 50 values of 1 KB: the history page of 100 versions is 10 MB
 		values := map[string]string{}
 		for i := range 50 {
 			values[fmt.Sprint("k", i)] = strings.Repeat(string(rune('à'+version%2)), 500)
 		}
 		body, _ := json.Marshal(map[string]any{"metadata": values})
-		if r, err := callAPI(client, "POST", child.url+"/product-payment/update/"+r.dataString(), key,
+		if r, err := callAPI(client, "POST", child.url+"/product-payment/update/"+created.dataString(), key,
 			string(body)); err != nil || r.status != 200 {
 			t.Fatalf("%s: got %d (%v), want 200", r.request, r.status, err)
 		}
 	}
 	conn := dialRaw(t, child.addr)
 	conn.Conn.(*net.TCPConn).SetReadBuffer(4096)
-	fmt.Fprintf(conn, "GET /product-payment/history/%s HTTP/1.1\r\nHost: x\r\nX-API-KEY: %s\r\n\r\n", r.dataString(), key)
+	fmt.Fprintf(conn, "GET /product-payment/history/%s HTTP/1.1\r\nHost: x\r\nX-API-KEY: %s\r\n\r\n",
+		created.dataString(), key)
 	// Its first byte says the server is writing the answer, far larger than the buffers between: its write blocks.
 	if _, err := conn.Read(make([]byte, 1)); err != nil {
 		t.Fatal(err)
