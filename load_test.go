@@ -81,7 +81,7 @@ func BenchmarkGet(b *testing.B) {
 						case <-stop:
 							return
 						default:
-							if err = send(http.DefaultClient, "GET", get, fmt.Sprint("pbk_", w), "", 401, 429); err != nil {
+							if err = send(benchClient, "GET", get, fmt.Sprint("pbk_", w), "", 401, 429); err != nil {
 								b.Error(err)
 							}
 						}

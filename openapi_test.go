@@ -21,7 +21,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"unicode/utf8"
 )
 
 // openAPI is the embedded openapi.json, decoded once, numbers as text (it panics unless that is a JSON object).
@@ -75,22 +74,25 @@ var operations = sync.OnceValue(func() map[string]map[string]any {
 
 func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
 
-// strs returns the strings of a JSON array, such as an enum or a required list.
-func strs(list any) (out []string) {
-	b, _ := json.Marshal(list)
-	json.Unmarshal(b, &out)
-	return out
-}
-
 // errorOf and valueOf return the error or the value of a call.
 func errorOf[T any](_ T, err error) error { return err }
 func valueOf[T any](v T, _ error) T       { return v }
 
-// sameSet fails unless got and want hold the same strings, in any order, repeats once.
-func sameSet(t *testing.T, what string, got, want []string) {
+// names returns, sorted and each once, the strings of v: a list of them, or the names of an object (in JSON).
+func names(v any) []string {
+	var list []string
+	if b, _ := json.Marshal(v); json.Unmarshal(b, &list) != nil {
+		var object map[string]any
+		json.Unmarshal(b, &object)
+		list = sortedKeys(object)
+	}
+	return slices.Compact(slices.Sorted(slices.Values(list)))
+}
+
+// sameSet fails unless got and want hold the same names.
+func sameSet(t *testing.T, what string, got, want any) {
 	t.Helper()
-	got, want = slices.Compact(slices.Sorted(slices.Values(got))), slices.Compact(slices.Sorted(slices.Values(want)))
-	if !slices.Equal(got, want) {
+	if got, want := names(got), names(want); !slices.Equal(got, want) {
 		t.Errorf("%s:\ngot  %q\nwant %q", what, got, want)
 	}
 }
@@ -222,12 +224,6 @@ func problemsOf(err error) map[string]string {
 	return nil
 }
 
-// jsonNames returns the names of the JSON object v encodes to.
-func jsonNames(v any) []string {
-	b, _ := json.Marshal(v)
-	return sortedKeys(valueOf(decodeNumbers(b)).(map[string]any))
-}
-
 // mentioned returns those of words that text, a description, names in `backquotes`.
 func mentioned(text any, words ...string) []string {
 	unnamed := func(w string) bool { return !strings.Contains(text.(string), "`"+w+"`") }
@@ -249,10 +245,9 @@ func TestOpenAPIMatchesTheCode(t *testing.T) {
 	schema := func(keys ...string) map[string]any {
 		return docNode(t, slices.Concat([]string{"components", "schemas"}, keys)...)
 	}
-	enum := func(name string) []string { return strs(schema(name)["enum"]) }
 	refused := func(err error, field string) []string { // the values of its `must be one of "a", "b"`
 		_, values, _ := strings.Cut(problemsOf(err)[field], "one of ")
-		return strs(valueOf(decodeNumbers([]byte("[" + values + "]"))))
+		return names(valueOf(decodeNumbers([]byte("[" + values + "]"))))
 	}
 	create := func(body string) error { return errorOf(decodeCreate([]byte(body), "the service")) }
 	list := func(query string) error { return errorOf(decodeListQuery(query, "the service")) }
@@ -268,15 +263,15 @@ func TestOpenAPIMatchesTheCode(t *testing.T) {
 			required = append(required, field)
 		}
 	}
+	codes := names(schema("ErrorCode")["enum"])
 	for name, op := range operations() {
 		for status, r := range resolved(op["responses"]) {
-			schema := resolved(resolved(resolved(r)["content"])["application/json"])["schema"]
-			for _, code := range enum("ErrorCode") { // those whose error bodies the answer's schema takes
+			for _, code := range codes { // those whose error bodies the answer's schema takes
 				body := map[string]any{"isSuccess": false, "data": "", "message": "m", "code": code}
 				if code == codeInvalid {
 					body["errors"] = map[string]any{"body": "m"}
 				}
-				if matchSchema(schema, body, "body") != nil {
+				if matchSchema(resolved(resolved(resolved(r)["content"])["application/json"])["schema"], body, "") != nil {
 					continue
 				}
 				if answered = append(answered, code); strconv.Itoa(statusOf[code]) != status {
@@ -286,36 +281,37 @@ func TestOpenAPIMatchesTheCode(t *testing.T) {
 		}
 	}
 	audited := auditedFields(button{Metadata: metadata{"orderRef": "A-17"}})
-	sameSet(t, "operations vs the routes in handlers.go", sortedKeys(operations()), routes)
-	sameSet(t, "CreateButtonRequest properties", sortedKeys(schema("CreateButtonRequest", "properties")), createFields)
-	sameSet(t, "UpdateButtonRequest properties", sortedKeys(schema("UpdateButtonRequest", "properties")), updateFields)
-	sameSet(t, "CreateButtonRequest required", strs(schema("CreateButtonRequest")["required"]), required)
+	sameSet(t, "operations vs the routes in handlers.go", operations(), routes)
+	sameSet(t, "CreateButtonRequest properties", schema("CreateButtonRequest", "properties"), createFields)
+	sameSet(t, "UpdateButtonRequest properties", schema("UpdateButtonRequest", "properties"), updateFields)
+	sameSet(t, "CreateButtonRequest required", schema("CreateButtonRequest")["required"], required)
 	sameSet(t, "UpdateButtonRequest description on fixed fields", mentioned(schema("UpdateButtonRequest")["description"],
 		fixedFields...), fixedFields)
 	// The other limits are held to validate.go's by the lenience probes.
 	sameSet(t, "Metadata maxProperties", []string{fmt.Sprint(schema("Metadata")["maxProperties"])},
 		[]string{strconv.Itoa(maxMetadataKeys)})
-	sameSet(t, "PaymentType enum", enum("PaymentType"), refused(create(`{"paymentType":"?"}`), "paymentType"))
-	sameSet(t, "PaymentMethod enum", enum("PaymentMethod"), refused(create(`{"paymentMethod":"?"}`), "paymentMethod"))
-	sameSet(t, "list paymentMethod enum", enum("PaymentMethod"), refused(list("paymentMethod=%3F"), "paymentMethod"))
-	sameSet(t, "list state enum", strs(docNode(t, "components", "parameters", "State", "schema")["enum"]),
+	sameSet(t, "PaymentType enum", schema("PaymentType")["enum"], refused(create(`{"paymentType":"?"}`), "paymentType"))
+	methods := schema("PaymentMethod")["enum"]
+	sameSet(t, "PaymentMethod enum", methods, refused(create(`{"paymentMethod":"?"}`), "paymentMethod"))
+	sameSet(t, "list paymentMethod enum", methods, refused(list("paymentMethod=%3F"), "paymentMethod"))
+	sameSet(t, "list state enum", docNode(t, "components", "parameters", "State", "schema")["enum"],
 		refused(list("state=%3F"), "state"))
-	sameSet(t, "BillingInterval enum", enum("BillingInterval"), slices.Collect(maps.Values(billingIntervals)))
-	sameSet(t, "ButtonState enum", enum("ButtonState"), []string{stateActive, stateDeleted})
-	sameSet(t, "ErrorCode enum", enum("ErrorCode"), sortedKeys(statusOf))
+	sameSet(t, "BillingInterval enum", schema("BillingInterval")["enum"], slices.Collect(maps.Values(billingIntervals)))
+	sameSet(t, "ButtonState enum", schema("ButtonState")["enum"], []string{stateActive, stateDeleted})
+	sameSet(t, "ErrorCode enum", codes, statusOf)
 	// No client receives canceled: the access log records it when the client went away.
-	sameSet(t, "codes the operations answer", answered, slices.DeleteFunc(enum("ErrorCode"), func(c string) bool {
+	sameSet(t, "codes the operations answer", answered, slices.DeleteFunc(codes, func(c string) bool {
 		return c == codeCanceled
 	}))
 	sameSet(t, "info.description on canceled", mentioned(docNode(t, "info")["description"], "499 canceled"),
 		[]string{"499 canceled"})
-	sameSet(t, "HistoryChanges properties and a metadata key", append(sortedKeys(schema("HistoryChanges", "properties")),
-		"metadata.orderRef"), sortedKeys(audited))
+	sameSet(t, "HistoryChanges properties and a metadata key", append(names(schema("HistoryChanges", "properties")),
+		"metadata.orderRef"), audited)
 	for name, view := range map[string]any{"Button": buttonView{}, "ButtonPage": page[buttonView, *string]{},
 		"HistoryPage": page[historyItem, *int64]{}, "ChangesPage": page[buttonView, int64]{}, "HistoryEntry": historyItem{},
 		"TextChange": change{}, "FlagChange": change{}} {
-		sameSet(t, name+" properties", sortedKeys(schema(name, "properties")), jsonNames(view))
-		sameSet(t, name+" required", strs(schema(name)["required"]), jsonNames(view))
+		sameSet(t, name+" properties", schema(name, "properties"), view)
+		sameSet(t, name+" required", schema(name)["required"], view)
 	}
 	params := map[string][]string{"/product-payment/changes": {"since", "limit"},
 		"/product-payment/list":         {"limit", "after", "state", "isLive", "paymentMethod", "metadata"},
@@ -536,98 +532,4 @@ func matchesTemplate(template, path string) bool {
 		}
 	}
 	return true
-}
-
-// matchSchema checks value, named at, against node, a schema of openapi.json, in the subset of JSON Schema the document
-// uses. Any other keyword is an error: the document says no more than is checked.
-func matchSchema(node, value any, at string) error {
-	s := resolved(node)
-	if s == nil { // additionalProperties: false, or a reference that leads nowhere
-		return fmt.Errorf("%s: openapi.json declares no schema for it", at)
-	}
-	object, isObject := value.(map[string]any)
-	text, isText := value.(string)
-	number, isNumber := value.(json.Number)
-	declared, _ := s["properties"].(map[string]any)
-	var errs []error
-	for _, key := range sortedKeys(s) {
-		switch want := s[key]; key {
-		case "description", "examples", "format", "default": // annotations
-		case "type": // a name or a list of them
-			types, _ := want.([]any)
-			types, got := append(types, want), jsonType(value)
-			if !slices.Contains(types, any(got)) && (got != "integer" || !slices.Contains(types, any("number"))) {
-				errs = append(errs, fmt.Errorf("%s: got %s, want type %v", at, got, want))
-			}
-		case "const":
-			want = []any{want}
-			fallthrough
-		case "enum":
-			if !slices.ContainsFunc(want.([]any), func(v any) bool { return reflect.DeepEqual(v, value) }) {
-				errs = append(errs, fmt.Errorf("%s: got %#v, want %s %v", at, value, key, s[key]))
-			}
-		case "required":
-			for _, name := range strs(want) {
-				if _, ok := object[name]; isObject && !ok {
-					errs = append(errs, fmt.Errorf("%s: property %q is missing", at, name))
-				}
-			}
-		case "properties", "additionalProperties", "propertyNames":
-			for _, name := range sortedKeys(object) {
-				if sub, ok := declared[name]; key == "properties" && ok {
-					errs = append(errs, matchSchema(sub, object[name], at+"."+name))
-				} else if key == "additionalProperties" && !ok {
-					errs = append(errs, matchSchema(want, object[name], at+"."+name))
-				} else if key == "propertyNames" {
-					errs = append(errs, matchSchema(want, name, at+" key "+strconv.Quote(name)))
-				}
-			}
-		case "minProperties", "maxProperties", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum":
-			bound, _ := strconv.ParseFloat(want.(json.Number).String(), 64)
-			n, measured := float64(len(object)), isObject
-			if strings.HasSuffix(key, "Length") {
-				n, measured = float64(utf8.RuneCountInString(text)), isText
-			} else if !strings.HasSuffix(key, "Properties") {
-				n, _ = strconv.ParseFloat(number.String(), 64)
-				measured = isNumber
-			}
-			if measured && (strings.HasPrefix(key, "min") && n < bound || strings.HasPrefix(key, "max") && n > bound ||
-				key == "exclusiveMinimum" && n <= bound) {
-				errs = append(errs, fmt.Errorf("%s: got %#v, past its %s %v", at, value, key, want))
-			}
-		case "pattern":
-			if re, err := regexp.Compile(want.(string)); err != nil {
-				errs = append(errs, fmt.Errorf("%s: pattern %s does not read alike in Go: %v", at, want, err))
-			} else if isText && !re.MatchString(text) {
-				errs = append(errs, fmt.Errorf("%s: got %q, which does not match %s", at, text, want))
-			}
-		case "items":
-			list, _ := value.([]any)
-			for i, item := range list {
-				errs = append(errs, matchSchema(want, item, fmt.Sprintf("%s[%d]", at, i)))
-			}
-		case "allOf", "anyOf", "oneOf":
-			var failures []error
-			for _, part := range want.([]any) {
-				failures = append(failures, matchSchema(part, value, at))
-			}
-			failures = slices.DeleteFunc(failures, func(err error) bool { return err == nil })
-			passed := len(want.([]any)) - len(failures)
-			if key == "allOf" && len(failures) > 0 || key != "allOf" && passed == 0 || key == "oneOf" && passed > 1 {
-				errs = append(errs, fmt.Errorf("%s: matches %d of its %s:\n%w", at, passed, key, errors.Join(failures...)))
-			}
-		default:
-			errs = append(errs, fmt.Errorf("%s: matchSchema does not check the keyword %q: teach it or leave it out", at, key))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// jsonType is the JSON Schema type of a value decoded with UseNumber.
-func jsonType(v any) string {
-	if n, ok := v.(json.Number); ok {
-		return map[bool]string{true: "integer", false: "number"}[errorOf(n.Int64()) == nil]
-	}
-	return map[string]string{"<nil>": "null", "bool": "boolean", "string": "string", "[]interface {}": "array",
-		"map[string]interface {}": "object"}[fmt.Sprintf("%T", v)]
 }

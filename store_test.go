@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -25,9 +26,10 @@ func longTests(t testing.TB) {
 	}
 }
 
-func openTestStore(t *testing.T) *store {
+// openTestStore opens the store at path (a new file if "") until the test ends, or fails the test.
+func openTestStore(t *testing.T, path string) *store {
 	t.Helper()
-	st, err := openStore(filepath.Join(t.TempDir(), "store.db"))
+	st, err := openStore(cmp.Or(path, filepath.Join(t.TempDir(), "store.db")))
 	if err != nil {
 		t.Fatalf("openStore: %v", err)
 	}
@@ -72,7 +74,7 @@ func waitFor(t *testing.T, what string, done func() bool) {
 
 // A fault in one write of a batch rolls back the writes before it, and every caller gets the fault.
 func TestBatchFailsAsAUnit(t *testing.T) {
-	st := openTestStore(t)
+	st := openTestStore(t, "")
 	boom := errors.New("boom")
 	release := holdWriter(st)
 	results, ran := make([]error, 10), make([]bool, 10)
@@ -113,21 +115,20 @@ func TestChangeSeqNeverRunsBehindTheClock(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "seq.db")
 	var last int64
 	changes := func(n int) { // n numbers in one batch of a store opened on path, each checked
-		st, err := openStore(path)
-		if err != nil {
-			t.Fatal(err)
-		}
+		st, seqs, clock := openTestStore(t, path), []int64{}, time.Now().UnixMicro()
 		defer st.close(false)
-		seqs, clock := []int64{}, time.Now().UnixMicro()
-		err = st.write(context.Background(), func(tx *writeTx) error {
+		err := st.write(context.Background(), func(tx *writeTx) error {
 			for range n {
 				seqs = append(seqs, tx.nextChange())
 			}
 			return nil
 		})
+		if err != nil {
+			t.Fatal(err)
+		}
 		for _, seq := range seqs {
-			if err != nil || seq <= last || seq < clock {
-				t.Fatalf("nextChange: got %d (%v) after %d at %d µs, want above the last and the clock", seq, err, last, clock)
+			if seq <= last || seq < clock {
+				t.Fatalf("nextChange: got %d after %d at %d µs, want above the last and the clock", seq, last, clock)
 			}
 			last = seq
 		}
@@ -166,7 +167,7 @@ func TestButtonIDsAreValidAndIncreasing(t *testing.T) {
 // Under steady writes with reads beside them the WAL keeps starting over, not growing with every write.
 func TestWALStaysSmallUnderReadsAndWrites(t *testing.T) {
 	longTests(t) // a checkpointer on another connection once let it reach 250 MB in 12 s
-	st := openTestStore(t)
+	st := openTestStore(t, "")
 	who := actor{Account: "acme", KeyID: "key_x", RequestID: "req_x"}
 	var readers, writers sync.WaitGroup
 	var stop atomic.Bool
@@ -205,7 +206,7 @@ func TestWALStaysSmallUnderReadsAndWrites(t *testing.T) {
 
 // A key's last use is written in the background, at most once a minute, so that reads do not each cost a write.
 func TestLastUsedIsWrittenOnceAMinute(t *testing.T) {
-	st := openTestStore(t)
+	st := openTestStore(t, "")
 	secret, id, err := st.createKey(context.Background(), "acme", false)
 	var first, again sql.NullString
 	lastUsed := func(v *sql.NullString) bool {
@@ -229,11 +230,7 @@ func TestLastUsedIsWrittenOnceAMinute(t *testing.T) {
 func TestCloseLeavesNoConnectionOpen(t *testing.T) {
 	// One left open made a server started after a crash trust the dead one's WAL index and lose its last committed
 	// transaction (the crash test found it).
-	path := filepath.Join(t.TempDir(), "close.db")
-	st, err := openStore(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := openTestStore(t, "")
 	if _, _, err := st.createKey(context.Background(), "acme", false); err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +240,7 @@ func TestCloseLeavesNoConnectionOpen(t *testing.T) {
 	if err := st.close(false); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(path + "-wal"); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("got %s-wal after close (%v), want it removed with the last connection", path, err)
+	if _, err := os.Stat(st.path + "-wal"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("got %s-wal after close (%v), want it removed with the last connection", st.path, err)
 	}
 }
