@@ -254,8 +254,8 @@ func TestCrashKeepsAcknowledgedWrites(t *testing.T) {
 }
 
 // stopWithCreateInFlight sends SIGTERM to child while it holds a create whose body has not arrived yet; it fails the
-// test unless new connections are refused at once, that create is then answered 200, and the process exits 0 without
-// logging an error and leaves no WAL. The create joins the model.
+// test unless new connections are refused within 5 s, that create is then answered 200, and the process exits 0
+// without logging an error and leaves no WAL. The create joins the model.
 func stopWithCreateInFlight(t *testing.T, child *childServer, dbPath, key string, m *crashModel) {
 	t.Helper()
 	conn, err := net.Dial("tcp", child.addr)
