@@ -798,9 +798,12 @@ func claimServer(path string) (release func(), err error) {
 			if sameFile(lockPath, file) {
 				continue
 			}
-			if fresh, freshFile, err := lockFile(lockPath); err == nil {
+			// Locked first, then named: a server waiting for the name never finds it unlocked.
+			if fresh, freshFile, err := lockFile(lockPath + ".new"); err == nil && os.Rename(lockPath+".new", lockPath) == nil {
 				lock.Close()
 				lock, file = fresh, freshFile
+			} else if err == nil {
+				fresh.Close()
 			}
 		}
 	}()

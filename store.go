@@ -173,6 +173,11 @@ func openStore(path string) (*store, error) {
 	s := &store{path: path, writer: writer, writes: make(chan writeOp), quit: make(chan struct{}),
 		stopped: make(chan struct{})}
 	conn, err := writer.Conn(context.Background())
+	for start := time.Now(); sqliteCode(err) == sqlite3.SQLITE_BUSY && time.Since(start) < 5*time.Second; {
+		// A new file's switch to WAL, which another process may be making too, does not wait out busy_timeout.
+		time.Sleep(10 * time.Millisecond)
+		conn, err = writer.Conn(context.Background())
+	}
 	if err == nil {
 		s.tx = &writeTx{conn: conn, statements: statements{db: conn}}
 		if err = migrate(conn); err == nil {
@@ -354,10 +359,12 @@ func migrate(conn *sql.Conn) error {
 		err = fmt.Errorf("schema version %d is newer than this paybuttons knows (%d)", version, len(migrations))
 	}
 	for ; err == nil && version < len(migrations); version++ {
-		_, err = tx.ExecContext(ctx, fmt.Sprintf("%s;\nPRAGMA user_version = %d", migrations[version], version+1))
-		if err != nil {
+		if _, err = tx.ExecContext(ctx, migrations[version]); err != nil {
 			err = fmt.Errorf("migration %d: %w", version+1, describeOpenError(err))
 		}
+	}
+	if err == nil { // written even when up to date: in WAL mode a file opened read-only begins a write without fault
+		_, err = tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", len(migrations)))
 	}
 	if err != nil {
 		return err
@@ -517,11 +524,8 @@ func (s *store) ping(ctx context.Context) error {
 	if err := s.refusing(); err != nil {
 		return err
 	}
-	if s.failing.Load() {
-		if err := s.write(ctx, func(tx *writeTx) error {
-			_, err := tx.exec("UPDATE change_counter SET last = last") // writes a page, as a change would
-			return err
-		}); err != nil {
+	if s.failing.Load() { // a real write: a number of the sequence skipped, which commit stores
+		if err := s.write(ctx, func(tx *writeTx) error { tx.nextChange(); return nil }); err != nil {
 			return err
 		}
 	}
