@@ -227,6 +227,17 @@ func (e *testEnv) count(query string, args ...any) int {
 
 func (e *testEnv) countButtons() int { return e.count(`SELECT count(*) FROM buttons`) }
 
+// exec runs a statement in a write of its own, failing the test on an error.
+func (e *testEnv) exec(query string, args ...any) {
+	e.t.Helper()
+	if err := e.store.write(context.Background(), func(tx *writeTx) error {
+		_, err := tx.exec(query, args...)
+		return err
+	}); err != nil {
+		e.t.Fatalf("%s: %v", query, err)
+	}
+}
+
 // getView reads a button through the API.
 func (e *testEnv) getView(key, id string) map[string]any {
 	e.t.Helper()

@@ -118,16 +118,10 @@ func TestFilteredListExaminesAtMostMaxScanRows(t *testing.T) {
 	match := e.create(e.key, createBody(m{"paymentMethod": "StripeConnect", "ApplicationFeePercentage": "1",
 		"metadata": m{"team": "web"}}))
 	// maxScan + 200 buttons that match no filter, newer than the match: "btn_7..." sorts after any id made today.
-	err := e.store.write(context.Background(), func(tx *writeTx) error {
-		_, err := tx.exec(`WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
-			INSERT INTO buttons (id, account, `+buttonFields+`, created_key_id, created_request_id, change_seq)
-			SELECT printf('btn_7%025d', i), 'acme', 'W', NULL, 100, 'USD', NULL, 'Stripe', 'one_time', 0, NULL, NULL,
-				'active', 1, '2026-01-01T00:00:00.000Z', '2026-01-01T00:00:00.000Z', NULL, 'k', 'r', i FROM n`, maxScan+200)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e.exec(`WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
+		INSERT INTO buttons (id, account, `+buttonFields+`, created_key_id, created_request_id, change_seq)
+		SELECT printf('btn_7%025d', i), 'acme', 'W', NULL, 100, 'USD', NULL, 'Stripe', 'one_time', 0, NULL, NULL,
+			'active', 1, '2026-01-01T00:00:00.000Z', '2026-01-01T00:00:00.000Z', NULL, 'k', 'r', i FROM n`, maxScan+200)
 	nth := func(n int) string { return fmt.Sprintf("btn_7%025d", maxScan+201-n) } // the nth newest
 	for _, filter := range []string{"paymentMethod=StripeConnect", "isLive=true&state=all", "metadata%5Bteam%5D=web"} {
 		got, hasMore, next := e.listPageOf(e.key, filter)
