@@ -238,7 +238,8 @@ func TestFailedStartMintsNoKeyAndWarnLevelHidesInfo(t *testing.T) {
 	}
 }
 
-// The JSON access line names route, status, size, request id and key id, never the key.
+// The JSON access line names route, status, size, request id and key id, never the key. A start on a file that has a
+// key mints none (it would print a line that is not JSON), and once run returns, the port is closed.
 func TestAccessLogNamesTheKeyIDNeverTheKey(t *testing.T) {
 	t.Parallel()
 	db := filepath.Join(t.TempDir(), "log.db")
@@ -249,6 +250,9 @@ func TestAccessLogNamesTheKeyIDNeverTheKey(t *testing.T) {
 		"X-Request-Id", "trace-7")
 	if stopErr := srv.stop(); err != nil || stopErr != nil {
 		t.Fatalf("create, then stop: got %v, %v", err, stopErr)
+	}
+	if _, err := net.Dial("tcp", strings.TrimPrefix(srv.url, "http://")); err == nil {
+		t.Error("the port still accepts connections after run returned")
 	}
 	logs := srv.stderr.String()
 	if strings.Contains(logs, key[4:]) {

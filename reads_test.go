@@ -79,12 +79,15 @@ func TestListPagesSeeEachButtonOnceWhileOthersAreCreated(t *testing.T) {
 	}
 }
 
-// List filters by state, isLive and paymentMethod, goes on after an id, and names a refused parameter.
+// List filters by state, isLive and paymentMethod, goes on after an id, and names a refused parameter. -provider-name
+// names the own processor for create and list alike; the default name is refused then.
 func TestListQueries(t *testing.T) {
-	e := newTestServer(t)
+	e := newTestServer(t, func(c *config) { c.providerName = "Acme Pay" })
 	live := e.create(e.key, createBody(m{"isLive": true}))
 	connect := e.create(e.key, createBody(m{"paymentMethod": "StripeConnect", "ApplicationFeePercentage": "1"}))
-	gone := e.create(e.key, createBody(nil))
+	gone := e.create(e.key, createBody(m{"paymentMethod": "Acme Pay"}))
+	e.do("POST", "/product-payment/create", e.key, createBody(m{"paymentMethod": "the service"})).
+		wantFields(t, "paymentMethod")
 	e.do("DELETE", "/product-payment/delete/"+gone, e.key, "").want(t, 200, "")
 	e.create(e.keyB, createBody(m{"isLive": true}))
 	for query, want := range map[string][]string{
@@ -94,7 +97,8 @@ func TestListQueries(t *testing.T) {
 		"state=all&isLive=true":                 {live},
 		"isLive=false":                          {connect},
 		"state=all&paymentMethod=StripeConnect": {connect},
-		"paymentMethod=the+service":             nil,
+		"paymentMethod=Acme+Pay":                nil,
+		"state=all&paymentMethod=Acme+Pay":      {gone},
 		"state=all&limit=1&after=" + connect:    {live},
 	} {
 		if got, _, _ := e.listPageOf(e.key, query); !slices.Equal(got, want) {
@@ -105,6 +109,7 @@ func TestListQueries(t *testing.T) {
 		"limit=0": "limit", "limit=101": "limit", "limit=%2B5": "limit", "state=gone": "state", "isLive=yes": "isLive",
 		"paymentMethod=stripe": "paymentMethod", "after=btn_nope": "after", "Limit=5": "Limit", "limit=5&limit=6": "limit",
 		"limit=0&state=x&isLive": "state", "metadata%5Bbad+key%5D=x": "metadata[bad key]",
+		"paymentMethod=the+service": "paymentMethod",
 	} {
 		if r := e.do("GET", "/product-payment/list?"+query, e.key, ""); r.status != 400 || r.env.Errors[param] == "" {
 			t.Errorf("list?%s: got %d %v, want a 400 naming %q", query, r.status, r.env.Errors, param)
