@@ -3,11 +3,9 @@ package main
 // The reads: list, history, the change feed, metadata, read-only keys and metrics.
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"net/http"
 	"os"
@@ -356,12 +354,10 @@ func TestChangeFeedSurvivesARestoredBackup(t *testing.T) {
 func TestReadOnlyKey(t *testing.T) {
 	e := newTestServer(t)
 	id := e.create(e.key, createBody(nil))
-	var stdout, stderr syncBuffer
-	err := run(context.Background(), []string{"paybuttons", "keys", "create", "-account", "acme", "-read-only",
-		"-db", e.dbPath}, func(string) string { return "" }, &stdout, &stderr)
-	reader := strings.TrimSpace(stdout.String())
-	if err != nil || !strings.HasPrefix(reader, "pbk_") || !strings.Contains(stderr.String(), "key_") {
-		t.Fatalf("keys create -read-only: got %q, %q (%v), want the key, then its id", reader, stderr.String(), err)
+	out, err := runCLI(t, nil, "keys", "create", "-account", "acme", "-read-only", "-db", e.dbPath)
+	reader := strings.TrimSpace(out)
+	if err != nil || !strings.HasPrefix(reader, "pbk_") {
+		t.Fatalf("keys create -read-only: got %q (%v), want the key", reader, err)
 	}
 	list, _ := runCLI(t, nil, "keys", "list", "-db", e.dbPath)
 	if strings.Count(list, "\tread-only\t") != 1 || strings.Count(list, "\tread-write\t") != 2 {
@@ -396,17 +392,12 @@ func TestMetrics(t *testing.T) {
 	id := e.create(e.key, createBody(nil))
 	e.getView(e.key, id)
 	e.do("GET", "/nope", "", "")
-	resp, err := http.Get(e.url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/plain; version=0.0.4") {
-		t.Fatalf("GET /metrics: got %d %s, want 200 text/plain", resp.StatusCode, resp.Header.Get("Content-Type"))
+	r, err := callAPI(http.DefaultClient, "GET", e.url+"/metrics", "", "") // err: the text is not the envelope
+	if r.status != 200 || !strings.HasPrefix(r.header.Get("Content-Type"), "text/plain; version=0.0.4") {
+		t.Fatalf("GET /metrics: got %d %s (%v), want 200 text/plain", r.status, r.header.Get("Content-Type"), err)
 	}
 	series := map[string]float64{}
-	for _, line := range strings.Split(strings.TrimSuffix(string(body), "\n"), "\n") {
+	for _, line := range strings.Split(strings.TrimSuffix(string(r.raw), "\n"), "\n") {
 		match := metricLine.FindStringSubmatch(line)
 		if match == nil {
 			t.Fatalf("not a metric line: %q", line)
