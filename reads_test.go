@@ -107,7 +107,7 @@ func TestListQueries(t *testing.T) {
 		"limit=0": "limit", "limit=101": "limit", "limit=%2B5": "limit", "state=gone": "state", "isLive=yes": "isLive",
 		"paymentMethod=stripe": "paymentMethod", "after=btn_nope": "after", "Limit=5": "Limit", "limit=5&limit=6": "limit",
 		"limit=0&state=x&isLive": "state", "metadata%5Bbad+key%5D=x": "metadata[bad key]",
-		"paymentMethod=the+service": "paymentMethod",
+		"paymentMethod=the+service": "paymentMethod", "wait=1": "wait",
 	} {
 		if r := e.do("GET", "/product-payment/list?"+query, e.key, ""); r.status != 400 || r.env.Errors[param] == "" {
 			t.Errorf("list?%s: got %d %v, want a 400 naming %q", query, r.status, r.env.Errors, param)
@@ -262,7 +262,7 @@ func TestHistory(t *testing.T) {
 	if r.want(t, 200, ""); string(r.env.Data) != `{"items":[],"hasMore":false,"next":null}` {
 		t.Errorf("%s: got %s, want no items and next null", r.request, r.env.Data)
 	}
-	for query, fields := range map[string][]string{"limit=101&after=x": {"limit", "after"},
+	for query, fields := range map[string][]string{"limit=101&after=x": {"limit", "after"}, "wait=1": {"wait"},
 		"after=9007199254740992": {"after"}, "after=9223372036854775807": {"after"}, "after=-1": {"after"}} {
 		e.do("GET", "/product-payment/history/"+id+"?"+query, e.key, "").wantFields(t, fields...)
 	}
