@@ -4,12 +4,10 @@ package main
 // child process: this test binary started again as TestHelperServerProcess, which calls run.
 
 import (
-	"bufio"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"io"
 	"maps"
 	"math/rand/v2"
 	"net"
@@ -258,20 +256,13 @@ func TestCrashKeepsAcknowledgedWrites(t *testing.T) {
 // without logging an error and leaves no WAL. The create joins the model.
 func stopWithCreateInFlight(t *testing.T, child *childServer, dbPath, key string, m *crashModel) {
 	t.Helper()
-	conn, err := net.Dial("tcp", child.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(30 * time.Second))
 	b := &crashButton{desc: "in-flight", name: "Plan in-flight", amount: 100, state: stateActive, version: 1}
-	body, br := createBody(map[string]any{"productName": b.name, "description": b.desc, "amount": "1.00"}),
-		bufio.NewReader(conn)
-	fmt.Fprintf(conn, "POST /product-payment/create HTTP/1.1\r\nHost: %s\r\nX-API-KEY: %s\r\n"+
-		"Content-Length: %d\r\nExpect: 100-continue\r\n\r\n", child.addr, key, len(body))
+	body, conn := createBody(map[string]any{"productName": b.name, "description": b.desc, "amount": "1.00"}),
+		dialRaw(t, child.addr)
 	// Go's server sends "100 Continue" when the handler starts reading the body.
-	if cont, err := http.ReadResponse(br, nil); err != nil || cont.StatusCode != 100 {
-		t.Fatalf("got %v (%v) for a request with Expect: 100-continue, want 100 Continue", cont, err)
+	if status, _, _ := conn.roundTrip(fmt.Sprintf("POST /product-payment/create HTTP/1.1\r\nHost: x\r\n"+
+		"X-API-KEY: %s\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n", key, len(body))); status != 100 {
+		t.Fatalf("got %d for a request with Expect: 100-continue, want 100 Continue", status)
 	}
 	child.cmd.Process.Signal(syscall.SIGTERM)
 	waitFor(t, "new connections refused after SIGTERM", func() bool {
@@ -281,14 +272,9 @@ func stopWithCreateInFlight(t *testing.T, child *childServer, dbPath, key string
 		}
 		return err != nil
 	})
-	io.WriteString(conn, body)
 	var env struct{ Data string }
-	resp, err := http.ReadResponse(br, nil)
-	if err == nil {
-		err = json.NewDecoder(resp.Body).Decode(&env)
-	}
-	if err != nil || resp.StatusCode != 200 {
-		t.Fatalf("the create in flight: got %v data %q (%v), want 200\n%s", resp, env.Data, err, child.log)
+	if status, _, raw := conn.roundTrip(body); status != 200 || json.Unmarshal(raw, &env) != nil {
+		t.Fatalf("the create in flight: got %d %s, want 200\n%s", status, raw, child.log)
 	}
 	b.id = env.Data
 	m.mu.Lock()

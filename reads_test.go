@@ -3,11 +3,9 @@ package main
 // The reads: list, history, the change feed, metadata, read-only keys and metrics.
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"net/http"
 	"os"
@@ -79,12 +77,15 @@ func TestListPagesSeeEachButtonOnceWhileOthersAreCreated(t *testing.T) {
 	}
 }
 
-// List filters by state, isLive and paymentMethod, goes on after an id, and names a refused parameter.
+// List filters by state, isLive and paymentMethod, goes on after an id, and names a refused parameter. -provider-name
+// names the own processor for create and list alike; the default name is refused then.
 func TestListQueries(t *testing.T) {
-	e := newTestServer(t)
+	e := newTestServer(t, func(c *config) { c.providerName = "Acme Pay" })
 	live := e.create(e.key, createBody(m{"isLive": true}))
 	connect := e.create(e.key, createBody(m{"paymentMethod": "StripeConnect", "ApplicationFeePercentage": "1"}))
-	gone := e.create(e.key, createBody(nil))
+	gone := e.create(e.key, createBody(m{"paymentMethod": "Acme Pay"}))
+	e.do("POST", "/product-payment/create", e.key, createBody(m{"paymentMethod": "the service"})).
+		wantFields(t, "paymentMethod")
 	e.do("DELETE", "/product-payment/delete/"+gone, e.key, "").want(t, 200, "")
 	e.create(e.keyB, createBody(m{"isLive": true}))
 	for query, want := range map[string][]string{
@@ -94,7 +95,8 @@ func TestListQueries(t *testing.T) {
 		"state=all&isLive=true":                 {live},
 		"isLive=false":                          {connect},
 		"state=all&paymentMethod=StripeConnect": {connect},
-		"paymentMethod=the+service":             nil,
+		"paymentMethod=Acme+Pay":                nil,
+		"state=all&paymentMethod=Acme+Pay":      {gone},
 		"state=all&limit=1&after=" + connect:    {live},
 	} {
 		if got, _, _ := e.listPageOf(e.key, query); !slices.Equal(got, want) {
@@ -105,6 +107,7 @@ func TestListQueries(t *testing.T) {
 		"limit=0": "limit", "limit=101": "limit", "limit=%2B5": "limit", "state=gone": "state", "isLive=yes": "isLive",
 		"paymentMethod=stripe": "paymentMethod", "after=btn_nope": "after", "Limit=5": "Limit", "limit=5&limit=6": "limit",
 		"limit=0&state=x&isLive": "state", "metadata%5Bbad+key%5D=x": "metadata[bad key]",
+		"paymentMethod=the+service": "paymentMethod", "wait=1": "wait",
 	} {
 		if r := e.do("GET", "/product-payment/list?"+query, e.key, ""); r.status != 400 || r.env.Errors[param] == "" {
 			t.Errorf("list?%s: got %d %v, want a 400 naming %q", query, r.status, r.env.Errors, param)
@@ -118,16 +121,10 @@ func TestFilteredListExaminesAtMostMaxScanRows(t *testing.T) {
 	match := e.create(e.key, createBody(m{"paymentMethod": "StripeConnect", "ApplicationFeePercentage": "1",
 		"metadata": m{"team": "web"}}))
 	// maxScan + 200 buttons that match no filter, newer than the match: "btn_7..." sorts after any id made today.
-	err := e.store.write(context.Background(), func(tx *writeTx) error {
-		_, err := tx.exec(`WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
-			INSERT INTO buttons (id, account, `+buttonFields+`, created_key_id, created_request_id, change_seq)
-			SELECT printf('btn_7%025d', i), 'acme', 'W', NULL, 100, 'USD', NULL, 'Stripe', 'one_time', 0, NULL, NULL,
-				'active', 1, '2026-01-01T00:00:00.000Z', '2026-01-01T00:00:00.000Z', NULL, 'k', 'r', i FROM n`, maxScan+200)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e.exec(`WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
+		INSERT INTO buttons (id, account, `+buttonFields+`, created_key_id, created_request_id, change_seq)
+		SELECT printf('btn_7%025d', i), 'acme', 'W', NULL, 100, 'USD', NULL, 'Stripe', 'one_time', 0, NULL, NULL,
+			'active', 1, '2026-01-01T00:00:00.000Z', '2026-01-01T00:00:00.000Z', NULL, 'k', 'r', i FROM n`, maxScan+200)
 	nth := func(n int) string { return fmt.Sprintf("btn_7%025d", maxScan+201-n) } // the nth newest
 	for _, filter := range []string{"paymentMethod=StripeConnect", "isLive=true&state=all", "metadata%5Bteam%5D=web"} {
 		got, hasMore, next := e.listPageOf(e.key, filter)
@@ -265,7 +262,7 @@ func TestHistory(t *testing.T) {
 	if r.want(t, 200, ""); string(r.env.Data) != `{"items":[],"hasMore":false,"next":null}` {
 		t.Errorf("%s: got %s, want no items and next null", r.request, r.env.Data)
 	}
-	for query, fields := range map[string][]string{"limit=101&after=x": {"limit", "after"},
+	for query, fields := range map[string][]string{"limit=101&after=x": {"limit", "after"}, "wait=1": {"wait"},
 		"after=9007199254740992": {"after"}, "after=9223372036854775807": {"after"}, "after=-1": {"after"}} {
 		e.do("GET", "/product-payment/history/"+id+"?"+query, e.key, "").wantFields(t, fields...)
 	}
@@ -357,12 +354,10 @@ func TestChangeFeedSurvivesARestoredBackup(t *testing.T) {
 func TestReadOnlyKey(t *testing.T) {
 	e := newTestServer(t)
 	id := e.create(e.key, createBody(nil))
-	var stdout, stderr syncBuffer
-	err := run(context.Background(), []string{"paybuttons", "keys", "create", "-account", "acme", "-read-only",
-		"-db", e.dbPath}, func(string) string { return "" }, &stdout, &stderr)
-	reader := strings.TrimSpace(stdout.String())
-	if err != nil || !strings.HasPrefix(reader, "pbk_") || !strings.Contains(stderr.String(), "key_") {
-		t.Fatalf("keys create -read-only: got %q, %q (%v), want the key, then its id", reader, stderr.String(), err)
+	out, err := runCLI(t, nil, "keys", "create", "-account", "acme", "-read-only", "-db", e.dbPath)
+	reader := strings.TrimSpace(out)
+	if err != nil || !strings.HasPrefix(reader, "pbk_") {
+		t.Fatalf("keys create -read-only: got %q (%v), want the key", reader, err)
 	}
 	list, _ := runCLI(t, nil, "keys", "list", "-db", e.dbPath)
 	if strings.Count(list, "\tread-only\t") != 1 || strings.Count(list, "\tread-write\t") != 2 {
@@ -397,17 +392,12 @@ func TestMetrics(t *testing.T) {
 	id := e.create(e.key, createBody(nil))
 	e.getView(e.key, id)
 	e.do("GET", "/nope", "", "")
-	resp, err := http.Get(e.url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/plain; version=0.0.4") {
-		t.Fatalf("GET /metrics: got %d %s, want 200 text/plain", resp.StatusCode, resp.Header.Get("Content-Type"))
+	r, err := callAPI(http.DefaultClient, "GET", e.url+"/metrics", "", "") // err: the text is not the envelope
+	if r.status != 200 || !strings.HasPrefix(r.header.Get("Content-Type"), "text/plain; version=0.0.4") {
+		t.Fatalf("GET /metrics: got %d %s (%v), want 200 text/plain", r.status, r.header.Get("Content-Type"), err)
 	}
 	series := map[string]float64{}
-	for _, line := range strings.Split(strings.TrimSuffix(string(body), "\n"), "\n") {
+	for _, line := range strings.Split(strings.TrimSuffix(string(r.raw), "\n"), "\n") {
 		match := metricLine.FindStringSubmatch(line)
 		if match == nil {
 			t.Fatalf("not a metric line: %q", line)

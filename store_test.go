@@ -168,7 +168,6 @@ func TestButtonIDsAreValidAndIncreasing(t *testing.T) {
 func TestWALStaysSmallUnderReadsAndWrites(t *testing.T) {
 	longTests(t) // a checkpointer on another connection once let it reach 250 MB in 12 s
 	st := openTestStore(t, "")
-	who := actor{Account: "acme", KeyID: "key_x", RequestID: "req_x"}
 	var readers, writers sync.WaitGroup
 	var stop atomic.Bool
 	for range 4 {
@@ -181,9 +180,9 @@ func TestWALStaysSmallUnderReadsAndWrites(t *testing.T) {
 	for w := range 16 {
 		writers.Go(func() {
 			for i := range 1250 {
-				b := button{ProductName: fmt.Sprint("w", w, "-", i), AmountMinor: 100, Currency: "USD",
-					PaymentMethod: "Stripe", PaymentType: "one_time", Description: "a description of some length"}
-				if _, err := st.createButton(context.Background(), who, b); err != nil {
+				b := baseButton
+				b.ProductName = fmt.Sprint("w", w, "-", i)
+				if _, err := st.createButton(context.Background(), actor{Account: "acme", KeyID: "key_x"}, b); err != nil {
 					t.Error(err)
 					return
 				}

@@ -64,15 +64,11 @@ func TestDecodeCreate(t *testing.T) {
 		{m{"productName": strings.Repeat("é", 251)}, "productName: must be at most 250 characters (it has 251)", nil},
 		{m{"productName": "  Pro  \n"}, "", func(b *button) { b.ProductName = "Pro" }},
 		{m{"productName": " \t "}, "productName: must not be empty", nil},
-		{m{"productName": "\u200b\ufeff"}, nameBlank, nil},
-		{m{"productName": "T\ashirt"}, nameBidi, nil},
-		{m{"productName": "T\u0085shirt"}, nameBidi, nil},
-		{m{"productName": "Pro \u202eplan"}, nameBidi, nil},
-		{m{"productName": "\u2066Pro\u2069"}, nameBidi, nil},
-		{m{"productName": "\u0301\u0302"}, nameBlank, nil},
+		{m{"productName": "\u200b\ufeff"}, nameBlank, nil}, {m{"productName": "\u0301\u0302"}, nameBlank, nil},
+		{m{"productName": "T\ashirt"}, nameBidi, nil}, {m{"productName": "T\u0085shirt"}, nameBidi, nil},
+		{m{"productName": "Pro \u202eplan"}, nameBidi, nil}, {m{"productName": "\u2066Pro\u2069"}, nameBidi, nil},
 		{m{"productName": 7}, "productName: must be a string", nil},
-		{m{"productName": nil}, "productName: is required", nil},
-		{m{"productName": omit{}}, "productName: is required", nil},
+		{m{"productName": nil}, "productName: is required", nil}, {m{"productName": omit{}}, "productName: is required", nil},
 		{m{"description": strings.Repeat("ü", 5000)}, "", func(b *button) { b.Description = strings.Repeat("ü", 5000) }},
 		{m{"description": strings.Repeat("ü", 5001)}, "description: must be at most 5000 characters (it has 5001)", nil},
 		{m{"description": "a\tb\r\nc"}, "", func(b *button) { b.Description = "a\tb\r\nc" }},
@@ -88,8 +84,7 @@ func TestDecodeCreate(t *testing.T) {
 		{m{"amount": "10000000000000.01"}, "amount: is above the maximum of 10000000000000.00 USD", nil},
 		{m{"amount": strings.Repeat("9", 60)}, "amount: is above the maximum of 10000000000000.00 USD", nil},
 		{m{"amount": raw("19.99")}, "", func(b *button) { b.AmountMinor = 1999 }},
-		{m{"amount": raw("1e3")}, "amount: " + notDecimal, nil},
-		{m{"amount": "-1"}, "amount: " + notDecimal, nil},
+		{m{"amount": raw("1e3")}, "amount: " + notDecimal, nil}, {m{"amount": "-1"}, "amount: " + notDecimal, nil},
 		{m{"amount": true}, "amount: must be a string or a number", nil},
 		{m{"amount": nil}, "amount: is required", nil},
 		// currency
@@ -100,15 +95,13 @@ func TestDecodeCreate(t *testing.T) {
 		{m{"currency": "BOV"}, "currency: is a fund code, not a chargeable currency", nil},
 		{m{"currency": "BGN"}, "currency: is a withdrawn ISO 4217 code, no longer chargeable", nil},
 		{m{"currency": "ABC"}, "currency: is not an ISO 4217 currency code", nil},
-		{m{"currency": "uſd"}, badCode, nil}, // ToUpper makes it USD
-		{m{"currency": " USD"}, badCode, nil},
+		{m{"currency": "uſd"}, badCode, nil}, {m{"currency": " USD"}, badCode, nil}, // ToUpper makes uſd USD
 		{m{"currency": raw("840")}, "currency: must be a string", nil},
 		// paymentType and billingInterval
 		{every("Monthly"), "", func(b *button) { b.PaymentType, b.BillingInterval = "subscription", "month" }},
 		{every("ANNUALLY"), "", func(b *button) { b.PaymentType, b.BillingInterval = "subscription", "year" }},
 		{every(""), "billingInterval: is required when paymentType is subscription", nil},
-		{every("fortnight"), badPeriod, nil},
-		{every("wee\u212a"), badPeriod, nil},
+		{every("fortnight"), badPeriod, nil}, {every("wee\u212a"), badPeriod, nil},
 		{m{"billingInterval": "month"}, "billingInterval: must be absent when paymentType is one_time", nil},
 		{m{"billingInterval": nil}, "", func(b *button) {}},
 		{m{"paymentType": "ONE_TIME"}, `paymentType: must be exactly "one_time"`, nil},
@@ -188,12 +181,8 @@ func TestDecodeBody(t *testing.T) {
 		_, err := decodeCreate([]byte(tt.body), "the service")
 		checkProblems(t, tt.body, err, tt.problems)
 	}
-	b, err := decodeCreate([]byte(`{"description":"smile \ud83d\ude00, \\ud800 is text","productName":"\u00e9t\u00e9",
-		"amount":"1","currency":"EUR","paymentMethod":"Stripe","paymentType":"one_time","isLive":true}`), "the service")
-	if err != nil || b.Description != `smile 😀, \ud800 is text` || b.ProductName != "été" {
-		t.Errorf("escapes: got %q %q (%v), want them read as JSON says", b.Description, b.ProductName, err)
-	}
-	_, err = decodeCreate([]byte(createBody(m{"productName": omit{}, "amount": "0", "isLive": omit{}})), "the service")
+	// FuzzCreate's seeds valid_escapes, valid_emoji_pair and valid_escaped_backslash_u check how escapes read.
+	_, err := decodeCreate([]byte(createBody(m{"productName": omit{}, "amount": "0", "isLive": omit{}})), "the service")
 	if err == nil || err.Error() != "3 fields are invalid: amount, isLive, productName" {
 		t.Errorf("got message %v, want every failing field named", err)
 	}
