@@ -207,6 +207,9 @@ func TestWALStaysSmallUnderReadsAndWrites(t *testing.T) {
 func TestLastUsedIsWrittenOnceAMinute(t *testing.T) {
 	st := openTestStore(t, "")
 	secret, id, err := st.createKey(context.Background(), "acme", false)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var first, again sql.NullString
 	lastUsed := func(v *sql.NullString) bool {
 		st.reader.QueryRow(`SELECT last_used_at FROM api_keys WHERE id = ?`, id).Scan(v)
