@@ -737,6 +737,12 @@ func dbFile(path string) (string, error) {
 	return path, nil
 }
 
+// sqliteURI names the file at path with params for the driver, the path escaped: a '?' or '#' in it is part of the
+// name, never the start of parameters.
+func sqliteURI(path, params string) string {
+	return "file:" + strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23").Replace(path) + "?" + params
+}
+
 var errLocked = errors.New("locked by another process")
 
 // lockFile takes an exclusive SQLite lock on the file at path, created if need be, and returns it with the file's

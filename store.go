@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,8 +37,6 @@ type storage interface {
 	stats() (commits, writes, size int64)
 }
 
-// The commands use openStore, close, createKey and revokeKey too.
-
 const (
 	maxBatch       = 256            // writes that share one transaction and one fsync
 	maxScan        = 1000           // rows a filtered list page examines, however large the account
@@ -47,8 +44,8 @@ const (
 	applicationID  = 0x70627574     // "pbut" in the header of every paybuttons database
 )
 
-// store owns the SQLite file: one writer connection fed by a single goroutine that commits waiting writes together
-// (group commit), and read-only connections that never wait behind it (WAL).
+// store owns the SQLite file: one writer connection, whose goroutine commits the writes waiting together (group
+// commit), and read-only connections that never wait behind it (WAL).
 type store struct {
 	path    string
 	writer  *sql.DB
@@ -73,8 +70,8 @@ type store struct {
 	commits, committed atomic.Int64 // transactions, and the writes in them
 }
 
-// statements prepares each SQL text once and keeps it: parsing costs SQLite as much as running it. Only texts that
-// are constants go through it; a text built from a request (list's filters) would grow it without bound.
+// statements prepares each SQL text once and keeps it (parsing costs SQLite as much as running it): constant texts
+// only, since one built from a request (list's filters) would grow it without bound.
 type statements struct {
 	db interface {
 		PrepareContext(ctx context.Context, query string) (*sql.Stmt, error)
@@ -124,8 +121,8 @@ func (c *statements) exec(query string, args ...any) (sql.Result, error) {
 	return st.Exec(args...)
 }
 
-// close comes before the database's Close: a connection with a statement open outlives DB.Close, and a process that
-// keeps one open makes the next server trust a crashed one's WAL index.
+// close comes before the database's Close: a connection with a statement open outlives DB.Close, and one kept open
+// makes the next server trust a crashed one's WAL index.
 func (c *statements) close() {
 	c.cache.Range(func(_, st any) bool {
 		st.(*sql.Stmt).Close()
@@ -133,29 +130,22 @@ func (c *statements) close() {
 	})
 }
 
-// writeTx is the writer's connection, inside the batch's transaction.
-type writeTx struct {
+type writeTx struct { // the writer's connection, inside the batch's transaction
 	statements
 	conn      *sql.Conn
 	committed int64 // the last changeSeq committed
 	seq       int64 // the last changeSeq this batch gave out
 }
 
-// nextChange gives a change the next changeSeq: above the last, and never below the time in microseconds, so that a
-// database restored from a backup gives every later change a number above any a client was given before.
+// nextChange gives a change the next changeSeq: above the last and never below the clock in microseconds, so that
+// after a restored backup every change sorts after any number a client was given.
 func (tx *writeTx) nextChange() int64 {
 	tx.seq = max(tx.seq+1, time.Now().UnixMicro())
 	return tx.seq
 }
 
-// sqliteURI names the file at path with params for the driver, the path escaped: a '?' or '#' in it is part of the
-// name, never the start of parameters.
-func sqliteURI(path, params string) string {
-	return "file:" + strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23").Replace(path) + "?" + params
-}
-
-// openStore opens (creating if needed) the database file at path (see dbFile), migrates it and starts the writer.
-// It fails if the file cannot be written, or is not a paybuttons database this binary knows.
+// openStore opens (creating if needed) the database file at path (see dbFile), migrates it and starts the writer; it
+// fails for a file it cannot write, or not a paybuttons database this binary knows.
 func openStore(path string) (*store, error) {
 	// Pragmas live in the DSN, so that every pooled connection gets them. The writer checkpoints every 4000 WAL
 	// pages, not 1000: fewer, larger checkpoints cost it less (README, Performance).
@@ -202,9 +192,8 @@ func openStore(path string) (*store, error) {
 	return s, nil
 }
 
-// close stops the writer and closes every connection. With checkpoint (a server that stops) it first copies the WAL
-// into the main file; a checkpoint that another process's reader (Litestream) keeps from finishing gets a second,
-// then errCheckpointBusy. The commands never checkpoint: a server or Litestream may be using the file.
+// close stops the writer and closes every connection; with checkpoint (a server that stops, never a command) it first
+// copies the WAL into the main file, waiting a second at most for other readers (Litestream): errCheckpointBusy.
 func (s *store) close(checkpoint bool) error {
 	s.closeOnce.Do(func() {
 		close(s.quit)
@@ -344,9 +333,8 @@ func ownVersion(ctx context.Context, db interface {
 	return version, describeOpenError(err)
 }
 
-// migrate brings the schema of a paybuttons database up to date in one transaction, which reads the version it
-// starts from under the write lock: two processes that open a new file at once both succeed. A newer schema, or a
-// file this process cannot write, is an error.
+// migrate brings the schema up to date in one transaction that reads the version under the write lock (two processes
+// opening a new file at once both succeed). A newer schema, or a file this process cannot write, is an error.
 func migrate(conn *sql.Conn) error {
 	ctx := context.Background()
 	tx, err := conn.BeginTx(ctx, nil) // BEGIN IMMEDIATE (_txlock): a read-only file fails here
@@ -453,8 +441,8 @@ func (s *store) write(ctx context.Context, fn func(tx *writeTx) error) error {
 	}
 }
 
-// runWriter commits every write that is waiting, up to maxBatch, in one transaction: one fsync for all. Once a
-// minute it purges answers older than idempotencyTTL.
+// runWriter commits the writes waiting, up to maxBatch, in one transaction (one fsync for all), and once a minute
+// purges answers older than idempotencyTTL.
 func (s *store) runWriter() {
 	defer close(s.stopped)
 	purge := time.NewTicker(time.Minute)
@@ -487,8 +475,8 @@ func (s *store) runWriter() {
 	}
 }
 
-// commit runs batch in one IMMEDIATE transaction (the write lock taken at once, waiting up to busy_timeout for
-// another process). It succeeds or fails as a unit.
+// commit runs batch in one IMMEDIATE transaction (waiting up to busy_timeout for another process's write lock): it
+// succeeds or fails as a unit.
 func (s *store) commit(batch []writeOp) error {
 	tx := s.tx
 	tx.seq = tx.committed
@@ -518,8 +506,8 @@ func (s *store) commit(batch []writeOp) error {
 	return nil
 }
 
-// ping fails while writes are refused: for good once refusing says so, and after a failed commit until a write
-// succeeds again, which ping tries itself. Else it reads every table.
+// ping fails while writes are refused (see refusing; after a failed commit, until a write it tries succeeds) or a
+// read of every table does.
 func (s *store) ping(ctx context.Context) error {
 	if err := s.refusing(); err != nil {
 		return err
@@ -529,10 +517,9 @@ func (s *store) ping(ctx context.Context) error {
 			return err
 		}
 	}
-	var n int
 	return s.check(s.health.QueryRowContext(ctx, `SELECT (SELECT last FROM change_counter) +
 		EXISTS (SELECT 1 FROM api_keys) + EXISTS (SELECT 1 FROM buttons) + EXISTS (SELECT 1 FROM button_history) +
-		EXISTS (SELECT 1 FROM idempotency_keys)`).Scan(&n))
+		EXISTS (SELECT 1 FROM idempotency_keys)`).Scan(new(int)))
 }
 
 func (s *store) stats() (commits, writes, size int64) {

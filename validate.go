@@ -38,8 +38,7 @@ var (
 	fixedFields = []string{"paymentMethod", "paymentType", "isLive", "billingInterval"}
 )
 
-// problems are what is wrong with a request: field -> why, the first problem found for a field wins. Problems with
-// the body as a whole are under "body".
+// problems are what is wrong with a request: field -> why, the first found wins; the body as a whole is "body".
 type problems map[string]string
 
 func (p problems) fail(name, why string) {
@@ -48,8 +47,7 @@ func (p problems) fail(name, why string) {
 	}
 }
 
-// text records under name what is wrong with s, if anything: more than max characters, or one that bad reports
-// (described by badWhy).
+// text records under name what is wrong with s: more than max characters, or one that bad reports (badWhy says which).
 func (p problems) text(name, s string, max int, bad func(rune) bool, badWhy string) bool {
 	switch n := utf8.RuneCountInString(s); {
 	case n > max:
@@ -105,8 +103,8 @@ func shownName(name string) string {
 
 // --- bodies ---
 
-// decodeCreate reads a create body into a button. providerName is the paymentMethod value of the service's own
-// processor. On failure it returns invalid_request naming every failing field.
+// decodeCreate reads a create body into a button (providerName: the own processor's paymentMethod), or fails with
+// invalid_request naming every failing field.
 func decodeCreate(body []byte, providerName string) (button, error) {
 	f, err := readObject(body, createFields)
 	if err != nil {
@@ -148,8 +146,7 @@ func decodeCreate(body []byte, providerName string) (button, error) {
 	return b, invalid(f.problems)
 }
 
-// update is an update body whose fields each passed their own rules; apply checks it against a stored button.
-type update struct {
+type update struct { // an update body whose fields each passed their own rules; apply checks it against a button
 	*fields
 	name, description, currency    string
 	amount                         decimal
@@ -230,10 +227,9 @@ func (u *update) apply(b *button) error {
 	return nil
 }
 
-// readObject reads body as exactly one JSON object, then walks it name by name, so that exact names and repeats are
-// seen (encoding/json alone folds case and keeps the last repeat). Unknown and repeated names are recorded as
-// problems. When the body itself is unusable it returns invalid_request with only a "body" entry, saying where
-// (zero-based), never encoding/json's text.
+// readObject reads body as exactly one JSON object, then walks it name by name: encoding/json alone folds case and
+// keeps the last repeat. Unknown and repeated names are problems; an unusable body is invalid_request with only a
+// "body" entry, saying where (zero-based), never encoding/json's text.
 func readObject(body []byte, known []string) (*fields, error) {
 	var object json.RawMessage
 	var syntax *json.SyntaxError
@@ -280,8 +276,7 @@ func readObject(body []byte, known []string) (*fields, error) {
 	return f, nil
 }
 
-// unknownName is the problem for a field or query parameter not in known, suggesting the known name it matches
-// ignoring case.
+// unknownName is the problem of a field or query parameter not in known, with the known name it matches but for case.
 func unknownName(kind, name string, known []string) string {
 	if i := slices.IndexFunc(known, func(k string) bool { return strings.EqualFold(name, k) }); i >= 0 {
 		return fmt.Sprintf("unknown %s; did you mean %q?", kind, known[i])
@@ -296,7 +291,7 @@ type fields struct {
 	problems
 }
 
-// get returns name's value; false when it is absent, null or already failed, recording "is required" if it is.
+// get returns name's value; false when it is absent, null or already failed ("is required" if it is).
 func (f *fields) get(name string, required bool) (any, bool) {
 	v := f.given[name]
 	if _, failed := f.problems[name]; failed || v == nil {
@@ -308,7 +303,7 @@ func (f *fields) get(name string, required bool) (any, bool) {
 	return v, true
 }
 
-// str returns name's JSON string; false when it has none or it is not a string.
+// str returns name's JSON string; false when it has none.
 func (f *fields) str(name string, required bool) (string, bool) {
 	v, ok := f.get(name, required)
 	s, isString := v.(string)
@@ -318,8 +313,7 @@ func (f *fields) str(name string, required bool) (string, bool) {
 	return s, ok && isString
 }
 
-// number returns name's plain decimal, written as a JSON string or as a JSON number whose text is read as is (never
-// through float64); false when it has none or it is not a plain decimal.
+// number returns name's plain decimal, a JSON string or a JSON number read from its text (never through float64).
 func (f *fields) number(name string, required bool) (decimal, bool) {
 	v, _ := f.get(name, required)
 	text, isString := v.(string)
@@ -337,8 +331,7 @@ func (f *fields) number(name string, required bool) (decimal, bool) {
 	return d, ok && isString
 }
 
-// oneOf returns name's string when it is exactly one of allowed; false when it is absent or not allowed,
-// suggesting the spelling it matches ignoring case.
+// oneOf returns name's string when it is exactly one of allowed; false when absent or not, with a "did you mean".
 func (f *fields) oneOf(name string, required bool, allowed ...string) (string, bool) {
 	s, ok := f.str(name, required)
 	if !ok || slices.Contains(allowed, s) {
@@ -363,8 +356,8 @@ func quoted(values []string) string {
 
 // --- field rules ---
 
-// productName returns the trimmed name; false when it is absent or breaks a rule. It must show something (not only
-// spaces or combining marks) and carry no bidirectional controls, which can make a checkout page show another name.
+// productName returns the trimmed name: it must show a letter, digit, punctuation or symbol, and carry no bidirectional
+// control (which can make a checkout page show another name).
 func (f *fields) productName(required bool) (string, bool) {
 	s, ok := f.str("productName", required)
 	s = strings.TrimSpace(s)
@@ -382,7 +375,7 @@ func (f *fields) productName(required bool) (string, bool) {
 	return "", false
 }
 
-// description returns the description as given ("" means none); false when it is absent, null or breaks a rule.
+// description returns the description as given ("" means none); false when absent, null or broken.
 func (f *fields) description() (string, bool) {
 	s, ok := f.str("description", false)
 	return s, ok && f.text("description", s, maxDescriptionRunes, func(r rune) bool {
@@ -390,8 +383,7 @@ func (f *fields) description() (string, bool) {
 	}, "control characters other than tab and line breaks")
 }
 
-// amount returns the amount when it is a plain decimal above zero; false when it is absent or not. Its fit in the
-// currency is minorUnits' job, so that a bad currency still leaves the amount's own problems reported.
+// amount returns a plain decimal above zero, or false; its fit in the currency is minorUnits' job.
 func (f *fields) amount(required bool) (decimal, bool) {
 	d, ok := f.number("amount", required)
 	if ok && d.isZero() {
@@ -437,8 +429,7 @@ func (f *fields) billingInterval() (string, bool) {
 	return interval, true
 }
 
-// fee returns ApplicationFeePercentage in basis points; false when it is absent or not a multiple of 0.01 between
-// 0.01 and 100.
+// fee returns ApplicationFeePercentage in basis points; false unless a multiple of 0.01 from 0.01 to 100.
 func (f *fields) fee() (int64, bool) {
 	d, ok := f.number(feeField, false)
 	bp, fits := d.scaled(2, maxFeeBasisPoints)
