@@ -155,6 +155,7 @@ func TestCommandLineErrors(t *testing.T) {
 		{"port out of range", []string{"-addr", ":99999"}, 2, "-addr"},
 		{"address without a port", []string{"-addr", "localhost"}, 2, "-addr"},
 		{"check with an argument", []string{"check", "x"}, 2, "check"},
+		{"check with a flag of keys create", []string{"check", "-account", "x"}, 2, "account"},
 		{"backup without a destination", []string{"backup"}, 2, "DEST_FILE"},
 		{"backup of no database", []string{"backup", "-db", filepath.Join(dir, "none.db"), "out.db"}, 1, "no database"},
 		{"tls cert without key", []string{"-tls-cert", "c.pem"}, 2, "-tls-key"},
@@ -495,6 +496,11 @@ func TestForeignAndDamagedFiles(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "not a paybuttons database") {
 		t.Errorf("keys create on another program's file: got %v, want a refusal", err)
 	}
+	var mode string // refused before the writer's pragmas could switch it to WAL
+	db, _ := sql.Open("sqlite", foreign)
+	if db.QueryRow(`PRAGMA journal_mode`).Scan(&mode); db.Close() != nil || mode != "delete" {
+		t.Errorf("another program's file after the refusals: got journal_mode %q, want delete, as it was", mode)
+	}
 	litestream := file("litestream.db", `CREATE TABLE _litestream_seq (id INTEGER PRIMARY KEY, seq INTEGER)`)
 	earlier := file("earlier.db", migrations[0]+";"+migrations[1]+"; PRAGMA user_version = 2")
 	for _, adopted := range []string{litestream, earlier} {
@@ -502,7 +508,7 @@ func TestForeignAndDamagedFiles(t *testing.T) {
 			t.Errorf("keys create on %s, which has Litestream's table only or an earlier schema: %v", adopted, err)
 		}
 	}
-	db, _ := sql.Open("sqlite", earlier)
+	db, _ = sql.Open("sqlite", earlier)
 	var owner int
 	if db.QueryRow(`PRAGMA application_id`).Scan(&owner); db.Close() != nil || owner != applicationID {
 		t.Errorf("the earlier file after migrating: got application_id %#x, want %#x", owner, applicationID)

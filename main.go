@@ -530,8 +530,11 @@ func mintFirstKey(ctx context.Context, st *store, stderr io.Writer) error {
 func fileCommand(ctx context.Context, name string, args []string, getenv func(string) string,
 	stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	account := fs.String("account", "", "account the new key belongs to (keys create)")
-	readOnly := fs.Bool("read-only", false, "the new key may read buttons, never change them (keys create)")
+	account, readOnly := new(string), new(bool)
+	if name == "keys create" {
+		fs.StringVar(account, "account", "", "account the new key belongs to")
+		fs.BoolVar(readOnly, "read-only", false, "the new key may read buttons, never change them")
+	}
 	dbPath, err := parseFlags(fs, args, getenv)
 	operand := map[string]string{"keys revoke": "KEY_ID", "backup": "DEST_FILE"}[name]
 	switch {

@@ -255,7 +255,6 @@ func readObject(body []byte, known []string) (*fields, error) {
 		return nil, invalid(problems{"body": why})
 	}
 	f := &fields{given: map[string]any{}, problems: problems{}}
-	seen := map[string]bool{}
 	dec = json.NewDecoder(bytes.NewReader(object))
 	dec.UseNumber() // numbers keep their text: amounts never pass through a float
 	dec.Token()     // the object is valid: from here on nothing fails
@@ -263,14 +262,15 @@ func readObject(body []byte, known []string) (*fields, error) {
 		tok, _ := dec.Token()
 		var value any
 		dec.Decode(&value)
-		switch name := tok.(string); {
+		name := tok.(string)
+		_, repeated := f.given[name]
+		switch {
 		case !slices.Contains(known, name):
 			f.fail(name, unknownName("field", name, known))
-		case seen[name]:
+		case repeated: // a problem: get ignores its value
 			f.fail(name, "is given more than once")
-			delete(f.given, name) // neither value is used
 		default:
-			f.given[name], seen[name] = value, true
+			f.given[name] = value
 		}
 	}
 	return f, nil
