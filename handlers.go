@@ -447,7 +447,7 @@ func (s *server) admit(r *http.Request, write bool, id string) (apiKey, button, 
 	if secret == "" {
 		return apiKey{}, button{}, &apiError{code: codeUnauthorized, message: "the X-API-KEY header is required"}
 	}
-	key, b, err := s.store.authenticate(r.Context(), secret, id)
+	key, b, err := s.store.authenticate(r.Context(), hash, id)
 	if err == errUnknownKey {
 		s.knownKeys.forget(hash) // revoked since it was read: the failure limit applies to it again
 	}

@@ -19,8 +19,8 @@ import (
 
 // storage is every operation the handlers use. An expected outcome is an *apiError; any other error is a fault.
 type storage interface {
-	authenticate(ctx context.Context, secret, id string) (apiKey, button, error) // the one judge of keys
-	listKeys(ctx context.Context) ([]apiKey, error)                              // every key, revoked ones too
+	authenticate(ctx context.Context, hash [sha256.Size]byte, id string) (apiKey, button, error)
+	listKeys(ctx context.Context) ([]apiKey, error) // every key, revoked ones too
 	listButtons(ctx context.Context, account string, f listFilter) (page []button, next *string, err error)
 	buttonHistory(ctx context.Context, account, id string, after, limit int64) ([]historyEntry, *int64, error)
 	changes(ctx context.Context, account string, since, limit int64) (page []button, more bool, err error)
@@ -571,15 +571,14 @@ func (s *store) revokeKey(ctx context.Context, id string) error {
 	return err
 }
 
-// authenticate returns the live key whose secret this is, or errUnknownKey; with a button id (get), also that button
-// of the key's account, read in the same query (a zero button when there is none). It is the one place that decides
-// whether a key is live, and reads the database every time: a key revoked by another process stops at its next
-// request.
-func (s *store) authenticate(ctx context.Context, secret, id string) (apiKey, button, error) {
+// authenticate returns the live key whose secret has this SHA-256, or errUnknownKey; with a button id (get), also
+// that button of the key's account, read in the same query (a zero button when there is none). It is the one place
+// that decides whether a key is live, and reads the database every time: a key revoked by another process stops at
+// its next request.
+func (s *store) authenticate(ctx context.Context, hash [sha256.Size]byte, id string) (apiKey, button, error) {
 	const liveKey = `SELECT id AS key_id, account AS key_account, read_only AS key_read_only FROM api_keys
 		WHERE secret_hash = ? AND revoked_at IS NULL`
 	ctx = context.WithoutCancel(ctx) // point lookups: no interrupt watcher (a goroutine a query) for the driver to start
-	hash := sha256.Sum256([]byte(secret))
 	var k apiKey
 	var b button
 	var err error = errNotFound
