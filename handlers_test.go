@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -13,56 +14,44 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
 
-// --- the one test server, client and body builder every test uses ---
-
-// testEnv is a real server on a real SQLite file, with one key for account "acme" and one for account "other".
+// testEnv is a real server on a real SQLite file, with a key for account "acme" and one for account "other".
 type testEnv struct {
-	t      testing.TB
-	url    string
-	store  *store
-	dbPath string
-	key    string // account acme
-	keyID  string // id of key
-	keyB   string // account other
+	t          testing.TB
+	url, db    string
+	store      *store
+	key, keyID string // of account acme
+	otherKey   string // of account other
 }
 
-// newTestServer serves a new database over a real HTTP server until the test ends; change edits its config (no rate
-// limit by default).
+// newTestServer serves a new database file over HTTP until the test ends; change edits the config (by default
+// no rate limit).
 func newTestServer(t testing.TB, change ...func(*config)) *testEnv {
 	t.Helper()
-	e := &testEnv{t: t, dbPath: filepath.Join(t.TempDir(), "test.db")}
+	e := &testEnv{t: t, db: filepath.Join(t.TempDir(), "test.db")}
 	var err error
-	if e.store, err = openStore(e.dbPath); err != nil {
+	if e.store, err = openStore(e.db); err != nil {
 		t.Fatalf("openStore: %v", err)
 	}
 	e.key, e.keyID = e.mintKey("acme", false)
-	e.keyB, _ = e.mintKey("other", false)
-	cfg := config{providerName: "the service", metrics: true}
+	e.otherKey, _ = e.mintKey("other", false)
+	cfg := config{providerName: "the service"}
 	for _, c := range change {
 		c(&cfg)
 	}
-	e.url = serveStore(t, e.store, cfg)
-	return e
-}
-
-// serveStore serves st until the test ends, then closes both, and returns the URL.
-func serveStore(t testing.TB, st *store, cfg config) string {
-	t.Helper()
-	srv := httptest.NewServer(newServer(st, slog.New(slog.DiscardHandler), cfg))
+	srv := httptest.NewServer(newServer(e.store, slog.New(slog.DiscardHandler), cfg))
 	t.Cleanup(func() {
 		srv.Close()
-		if err := st.close(false); err != nil {
+		if err := e.store.close(); err != nil {
 			t.Errorf("close store: %v", err)
 		}
 	})
-	return srv.URL
+	e.url = srv.URL
+	return e
 }
 
 // mintKey creates a key for account and returns its secret and id.
@@ -77,27 +66,28 @@ func (e *testEnv) mintKey(account string, readOnly bool) (secret, id string) {
 
 // response is what a test reads back from one request.
 type response struct {
-	status int
-	header http.Header
-	raw    []byte
-	env    struct {
+	request string // "METHOD url body", for failure messages
+	status  int
+	header  http.Header
+	raw     []byte
+	env     struct {
 		IsSuccess bool              `json:"isSuccess"`
 		Data      json.RawMessage   `json:"data"`
 		Message   string            `json:"message"`
 		Code      string            `json:"code"`
 		Errors    map[string]string `json:"errors"`
 	}
-	request string // "METHOD path body", for failure messages
 }
 
-// dataString is the envelope's data as a string ("" if it is not one).
+// dataString is the envelope's data as a string, "" if it is none.
 func (r response) dataString() string {
 	var s string
 	json.Unmarshal(r.env.Data, &s)
 	return s
 }
 
-// do is callAPI on e's server, failing the test unless the answer is the envelope that openapi.json declares.
+// do sends a request to e's server, with key as X-API-KEY ("" for none) and headers as name, value pairs. It fails
+// the test unless the answer is an envelope that openapi.json declares for it.
 func (e *testEnv) do(method, path, key, body string, headers ...string) response {
 	e.t.Helper()
 	r, err := callAPI(http.DefaultClient, method, e.url+path, key, body, headers...)
@@ -107,16 +97,14 @@ func (e *testEnv) do(method, path, key, body string, headers ...string) response
 	return r
 }
 
-// callAPI sends one request, with key as X-API-KEY ("" for none) and headers as name, value pairs, and reads the
-// envelope it is answered with; an answer that openapi.json does not declare is an error.
+// callAPI is do for any client and URL; an answer that openapi.json does not declare is an error.
 func callAPI(client *http.Client, method, url, key, body string, headers ...string) (response, error) {
-	r := response{request: fmt.Sprintf("%s %s %.300s", method, url, body)} // the body cut for failure messages
+	r := response{request: fmt.Sprintf("%s %s %.300s", method, url, body)}
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		return r, err
 	}
-	// Without GetBody the transport never resends a request on its own (it would, with an Idempotency-Key).
-	req.GetBody = nil
+	req.GetBody = nil // the transport must never send a request twice by itself
 	if key != "" {
 		req.Header.Set("X-API-KEY", key)
 	}
@@ -132,8 +120,8 @@ func callAPI(client *http.Client, method, url, key, body string, headers ...stri
 	if r.raw, err = io.ReadAll(resp.Body); err != nil {
 		return r, err
 	}
-	if err := json.Unmarshal(r.raw, &r.env); err != nil {
-		return r, fmt.Errorf("body is not the envelope: %v: %s", err, r.raw)
+	if err := json.Unmarshal(r.raw, &r.env); err != nil && !bytes.Equal(r.raw, openAPIDocument) {
+		return r, fmt.Errorf("the body is not the envelope: %v: %s", err, r.raw)
 	}
 	return r, conformsToDocument(method, resp.Request.URL, r.status, r.header, r.raw)
 }
@@ -142,55 +130,37 @@ func callAPI(client *http.Client, method, url, key, body string, headers ...stri
 func (r response) want(t testing.TB, status int, code string) {
 	t.Helper()
 	if r.status != status || r.env.IsSuccess != (status == 200) || r.env.Code != code {
-		t.Fatalf("%s\ngot status %d isSuccess %v code %q, want %d %v %q\nbody: %s",
+		t.Fatalf("%s\ngot %d, isSuccess %v, code %q; want %d %v %q\n%s",
 			r.request, r.status, r.env.IsSuccess, r.env.Code, status, status == 200, code, r.raw)
 	}
 }
 
-// wantFields checks a 400 that names exactly the fields given, with data "".
+// wantFields checks a 400 that names exactly fields.
 func (r response) wantFields(t testing.TB, fields ...string) {
 	t.Helper()
 	r.want(t, 400, "invalid_request")
-	got := slices.Sorted(maps.Keys(r.env.Errors))
-	if !slices.Equal(got, slices.Sorted(slices.Values(fields))) || string(r.env.Data) != `""` {
-		t.Errorf("%s\ngot errors %v data %s, want exactly %q, data \"\"", r.request, r.env.Errors, r.env.Data, fields)
+	if got := slices.Sorted(maps.Keys(r.env.Errors)); !slices.Equal(got, slices.Sorted(slices.Values(fields))) {
+		t.Errorf("%s\ngot errors %v, want exactly %q", r.request, r.env.Errors, fields)
 	}
 }
 
-// dataOf decodes r's data as a T; it fails the test if the data is not one.
-func dataOf[T any](t testing.TB, r response) T {
-	t.Helper()
-	var v T
-	if err := json.Unmarshal(r.env.Data, &v); err != nil {
-		t.Fatalf("%s: data: %v\n%s", r.request, err, r.raw)
-	}
-	return v
-}
+// m is a JSON object to build bodies with.
+type m = map[string]any
 
-// omit, as a value in createBody's changes, leaves the field out.
-type omit struct{}
-
-// raw, as a value in createBody's changes, is sent as the JSON text it holds.
-type raw string
-
-func (r raw) MarshalJSON() ([]byte, error) { return []byte(r), nil }
-
-// createBody is a valid create body (Stripe, one time, 19.90 USD) with changes: omit{} drops a field, nil is null.
-func createBody(changes map[string]any) string {
-	body := map[string]any{"productName": "Pro plan", "description": "Monthly access", "amount": "19.90",
-		"currency": "USD", "paymentMethod": "Stripe", "paymentType": "one_time", "isLive": false}
+// createBody is a valid create body (19.90 USD, one time, Stripe) with changes; a nil value leaves a field out.
+func createBody(changes m) string {
+	body := m{"productName": "Pro plan", "description": "Monthly access", "amount": "19.90", "currency": "USD",
+		"paymentMethod": "Stripe", "paymentType": "one_time", "isLive": false}
 	for name, value := range changes {
-		if _, ok := value.(omit); ok {
+		if body[name] = value; value == nil {
 			delete(body, name)
-		} else {
-			body[name] = value
 		}
 	}
 	text, _ := json.Marshal(body)
 	return string(text)
 }
 
-// create makes a button for key and returns its id.
+// create makes a button with key and returns its id.
 func (e *testEnv) create(key, body string) string {
 	e.t.Helper()
 	r := e.do("POST", "/product-payment/create", key, body)
@@ -198,23 +168,17 @@ func (e *testEnv) create(key, body string) string {
 	return r.dataString()
 }
 
-// stored reads account's button id straight from the database, or errNotFound.
-func (e *testEnv) stored(account, id string) (button, error) {
-	return scanButton(e.store.reader.QueryRow(`SELECT `+selectButton+` FROM buttons WHERE account = ? AND id = ?`,
-		account, id))
-}
-
-// mustStored is stored, failing the test on an error.
-func (e *testEnv) mustStored(account, id string) button {
+// stored reads account's button id from the database, or fails the test.
+func (e *testEnv) stored(account, id string) button {
 	e.t.Helper()
-	b, err := e.stored(account, id)
+	b, err := e.store.get(context.Background(), account, id)
 	if err != nil {
 		e.t.Fatalf("read back %s: %v", id, err)
 	}
 	return b
 }
 
-// count counts the rows a query selects, such as `SELECT count(*) FROM buttons`.
+// count runs a query that counts, such as `SELECT count(*) FROM buttons`.
 func (e *testEnv) count(query string, args ...any) int {
 	e.t.Helper()
 	var n int
@@ -224,99 +188,103 @@ func (e *testEnv) count(query string, args ...any) int {
 	return n
 }
 
-func (e *testEnv) countButtons() int { return e.count(`SELECT count(*) FROM buttons`) }
-
-// exec runs a statement in a write of its own, failing the test on an error.
-func (e *testEnv) exec(query string, args ...any) {
-	e.t.Helper()
-	if err := e.store.write(context.Background(), func(tx *writeTx) error {
-		_, err := tx.exec(query, args...)
-		return err
-	}); err != nil {
-		e.t.Fatalf("%s: %v", query, err)
-	}
-}
-
-// getView reads a button through the API.
-func (e *testEnv) getView(key, id string) map[string]any {
+// view reads a button through get.
+func (e *testEnv) view(key, id string) map[string]any {
 	e.t.Helper()
 	r := e.do("GET", "/product-payment/get/"+id, key, "")
 	r.want(e.t, 200, "")
-	return dataOf[map[string]any](e.t, r)
+	var v map[string]any
+	json.Unmarshal(r.env.Data, &v)
+	return v
 }
 
-// --- the seed's operations, end to end ---
+// runCLI runs the program in this process with args and env, and returns its stdout, its stderr and its error.
+func runCLI(t testing.TB, env map[string]string, args ...string) (string, string, error) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), append([]string{"paybuttons"}, args...),
+		func(name string) string { return env[name] }, &stdout, &stderr)
+	return stdout.String(), stderr.String(), err
+}
 
-// Delete and restore each move a button once, a version each; a deleted button is read, not updated.
+// --- the operations, end to end ---
+
+// Delete and restore move a button between its states, a version each; a deleted button is read, not updated.
 func TestStateMachine(t *testing.T) {
 	e := newTestServer(t)
 	id := e.create(e.key, createBody(nil))
 	for i, s := range []struct {
-		method, path, body string
-		status             int
-		code, state        string
-		version            float64
+		method, path, body, code, state string
+		status, version                 int
 	}{
-		{"POST", "/product-payment/restore/", "", 409, "wrong_state", "active", 1},
-		{"DELETE", "/product-payment/delete/", "", 200, "", "deleted", 2},
-		{"DELETE", "/product-payment/delete/", "", 409, "wrong_state", "deleted", 2},
-		{"POST", "/product-payment/update/", `{"amount":"5.00"}`, 409, "wrong_state", "deleted", 2},
-		{"POST", "/product-payment/restore/", "", 200, "", "active", 3},
-		{"POST", "/product-payment/update/", `{"amount":"5.00"}`, 200, "", "active", 4},
+		{"POST", "restore/", "", "wrong_state", "active", 409, 1},
+		{"DELETE", "delete/", "", "", "deleted", 200, 2},
+		{"DELETE", "delete/", "", "wrong_state", "deleted", 409, 2},
+		{"POST", "update/", `{"amount":"5.00"}`, "wrong_state", "deleted", 409, 2},
+		{"POST", "restore/", "", "", "active", 200, 3},
+		{"POST", "update/", `{"amount":"5.00"}`, "", "active", 200, 4},
+		{"POST", "update/", `{"amount":"5"}`, "", "active", 200, 4}, // unchanged: no new version
 	} {
-		r := e.do(s.method, s.path+id, e.key, s.body)
+		r := e.do(s.method, "/product-payment/"+s.path+id, e.key, s.body)
 		r.want(t, s.status, s.code)
-		if v := e.getView(e.key, id); v["state"] != s.state || v["version"] != s.version ||
-			(s.state == "deleted") == (v["deletedAt"] == nil) {
-			t.Fatalf("step %d %s: got %v, want state %q version %v", i, r.request, v, s.state, s.version)
+		v := e.view(e.key, id)
+		if v["state"] != s.state || v["version"] != float64(s.version) || (s.state == "deleted") == (v["deletedAt"] == nil) {
+			t.Fatalf("step %d, %s: got %v, want state %s, version %d", i, r.request, v, s.state, s.version)
 		}
+		if s.status == 200 && (r.header.Get("ETag") != fmt.Sprintf(`"%d"`, s.version) || r.dataString() != id) {
+			t.Errorf("%s: got ETag %q data %q, want \"%d\" and the id", r.request, r.header.Get("ETag"), r.dataString(), s.version)
+		}
+	}
+	if n := e.count(`SELECT count(*) FROM history WHERE button_id = ?`, id); n != 4 {
+		t.Errorf("got %d history rows, want 4: the unchanged update writes none", n)
 	}
 }
 
-// Every refusal has its status and code and changes nothing; another account's button is not found; every answer
+// Every refusal has its status and code and stores nothing; another account's button does not exist; every answer
 // carries the usual headers.
 func TestStatusCodesAndHeaders(t *testing.T) {
 	e := newTestServer(t)
-	id, otherID := e.create(e.key, createBody(nil)), e.create(e.keyB, createBody(nil))
-	before, create, body := e.mustStored("acme", id), "/product-payment/create", createBody(nil)
+	id, otherID := e.create(e.key, createBody(nil)), e.create(e.otherKey, createBody(nil))
+	before, create, body := e.stored("acme", id), "/product-payment/create", createBody(nil)
 	for _, tt := range []struct {
 		name, method, path, key, body string
 		headers                       []string
 		status                        int
 		code                          string
 	}{
-		{"missing key", "GET", "/product-payment/get/" + id, "", "", nil, 401, "unauthorized"},
+		{"no key", "GET", "/product-payment/get/" + id, "", "", nil, 401, "unauthorized"},
 		{"unknown key", "GET", "/product-payment/get/" + id, "pbk_nope", "", nil, 401, "unauthorized"},
+		{"key before body", "POST", create, "", "{", nil, 401, "unauthorized"},
 		{"unknown id", "GET", "/product-payment/get/btn_01JD0000000000000000000000", e.key, "", nil, 404, "not_found"},
 		{"malformed id", "GET", "/product-payment/get/42", e.key, "", nil, 404, "not_found"},
-		{"other account: get", "GET", "/product-payment/get/" + id, e.keyB, "", nil, 404, "not_found"},
-		{"other account: history", "GET", "/product-payment/history/" + id, e.keyB, "", nil, 404, "not_found"},
-		{"other account: update", "POST", "/product-payment/update/" + id, e.keyB, `{"amount":"1"}`, nil, 404, "not_found"},
-		{"other account: delete", "DELETE", "/product-payment/delete/" + id, e.keyB, "", nil, 404, "not_found"},
-		{"other account: restore", "POST", "/product-payment/restore/" + id, e.keyB, "", nil, 404, "not_found"},
-		{"other account's button", "GET", "/product-payment/get/" + otherID, e.key, "", nil, 404, "not_found"},
+		{"other account: get", "GET", "/product-payment/get/" + otherID, e.key, "", nil, 404, "not_found"},
+		{"other account: history", "GET", "/product-payment/history/" + id, e.otherKey, "", nil, 404, "not_found"},
+		{"other account: update", "POST", "/product-payment/update/" + id, e.otherKey, `{"amount":"1"}`, nil, 404, "not_found"},
+		{"other account: delete", "DELETE", "/product-payment/delete/" + id, e.otherKey, "", nil, 404, "not_found"},
+		{"other account: restore", "POST", "/product-payment/restore/" + id, e.otherKey, "", nil, 404, "not_found"},
 		{"unknown path", "GET", "/nope", e.key, "", nil, 404, "not_found"},
-		{"dot-dot path is not redirected", "GET", "/product-payment/get/../create", e.key, "", nil, 404, "not_found"},
-		{"double slash is not redirected", "GET", "/product-payment//get/" + id, e.key, "", nil, 404, "not_found"},
+		{"removed: change feed", "GET", "/product-payment/changes", e.key, "", nil, 404, "not_found"},
+		{"removed: metrics", "GET", "/metrics", "", "", nil, 404, "not_found"},
+		{"dot-dot, not redirected", "GET", "/product-payment/get/../create", e.key, "", nil, 404, "not_found"},
+		{"double slash", "GET", "/product-payment//get/" + id, e.key, "", nil, 404, "not_found"},
 		{"encoded dot segment", "GET", "/product-payment/get/%2e%2e/x", e.key, "", nil, 404, "not_found"},
 		{"trailing slash", "POST", create + "/", e.key, body, nil, 404, "not_found"},
 		{"wrong method", "GET", create, e.key, "", nil, 405, "method_not_allowed"},
-		{"PUT", "PUT", create, e.key, "", nil, 405, "method_not_allowed"},
 		{"OPTIONS", "OPTIONS", create, "", "", nil, 405, "method_not_allowed"},
 		{"not JSON", "POST", create, e.key, body, []string{"Content-Type", "text/plain"}, 415, "unsupported_media_type"},
 		{"charset", "POST", create, e.key, body, []string{"Content-Type", "application/json; charset=utf-8"}, 200, ""},
-		{"a +json type", "POST", create, e.key, body, []string{"Content-Type", "application/vnd.paybuttons+json"}, 200, ""},
-		{"too large", "POST", create, e.key, strings.Repeat("x", 70_000), nil, 413, "payload_too_large"},
-		{"auth before body", "POST", create, "", "{", nil, 401, "unauthorized"},
-		{"bidi control", "POST", create, e.key, createBody(m{"productName": "\u202egnp.exe"}), nil, 400, "invalid_request"},
-		{"refused update", "POST", "/product-payment/update/" + id, e.key, `{"currency":"JPY"}`, nil, 400, "invalid_request"},
+		{"+json", "POST", create, e.key, body, []string{"Content-Type", "application/vnd.x+json"}, 200, ""},
+		{"too large", "POST", create, e.key, strings.Repeat(" ", 64<<10) + body, nil, 413, "payload_too_large"},
+		{"bad If-Match", "DELETE", "/product-payment/delete/" + id, e.key, "", []string{"If-Match", `"01"`}, 400, "invalid_request"},
+		{"stale If-Match", "DELETE", "/product-payment/delete/" + id, e.key, "", []string{"If-Match", `"2"`}, 412, "precondition_failed"},
+		{"update that does not fit", "POST", "/product-payment/update/" + id, e.key, `{"currency":"JPY"}`, nil, 400, "invalid_request"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			before := e.countButtons()
+			buttons := e.count(`SELECT count(*) FROM buttons`)
 			r := e.do(tt.method, tt.path, tt.key, tt.body, tt.headers...)
 			r.want(t, tt.status, tt.code)
-			if n := e.countButtons(); (tt.status == 200) != (n == before+1) {
-				t.Errorf("%s: got %d buttons after it, had %d", r.request, n, before)
+			if n := e.count(`SELECT count(*) FROM buttons`); (tt.status == 200) != (n == buttons+1) {
+				t.Errorf("%s: got %d buttons after it, had %d", r.request, n, buttons)
 			}
 			if tt.status == 405 && r.header.Get("Allow") != "POST" {
 				t.Errorf("got Allow %q, want POST", r.header.Get("Allow"))
@@ -327,172 +295,252 @@ func TestStatusCodesAndHeaders(t *testing.T) {
 					t.Errorf("%s: got %s %q, want %q", r.request, header, got, want)
 				}
 			}
-			if !strings.HasPrefix(r.header.Get("X-Request-Id"), "req_") {
-				t.Errorf("%s: got X-Request-Id %q, want a new req_ id", r.request, r.header.Get("X-Request-Id"))
-			}
 		})
 	}
-	if after := e.mustStored("acme", id); !reflect.DeepEqual(after, before) {
+	if after := e.stored("acme", id); !reflect.DeepEqual(after, before) {
 		t.Errorf("got %+v, want acme's button unchanged: %+v", after, before)
 	}
-	e.mustStored("other", otherID) // stored for the account whose key created it
-	// The caller's X-Request-Id is echoed when it is sane, else replaced by a new one.
-	for sent, want := range map[string]string{"trace-42": "trace-42", "bad id\u00e9": "req_"} {
-		got := e.do("GET", "/nope", "", "", "X-Request-Id", sent).header.Get("X-Request-Id")
-		if got != want && (want != "req_" || !strings.HasPrefix(got, want)) {
+	for sent, want := range map[string]string{"trace-42": "trace-42", "bad id\u00e9": "req_", "": "req_"} {
+		if got := e.do("GET", "/nope", "", "", "X-Request-Id", sent).header.Get("X-Request-Id"); !strings.HasPrefix(got, want) {
 			t.Errorf("sent X-Request-Id %q: got %q, want %q", sent, got, want)
 		}
 	}
 }
 
-// Each key has its own token bucket; past it a request is refused with a Retry-After and does nothing.
+// A refusal names at most 20 problems, each name cut to 40 characters, and says how many more there were.
+func TestRefusalsAreBounded(t *testing.T) {
+	e := newTestServer(t)
+	body := m{"a" + strings.Repeat("x", 99): 1}
+	for i := range 24 {
+		body[fmt.Sprint("unknown", i)] = i
+	}
+	text, _ := json.Marshal(body)
+	r := e.do("POST", "/product-payment/create", e.key, string(text))
+	r.want(t, 400, "invalid_request")
+	if len(r.env.Errors) != 20 || r.env.Errors["a"+strings.Repeat("x", 38)+"…"] == "" ||
+		!strings.HasPrefix(r.env.Message, "31 fields are invalid: ") || !strings.HasSuffix(r.env.Message, " and 11 more") {
+		t.Errorf("got %d errors, message %q; want 20, the long name cut, and \"31 fields ... and 11 more\"\n%v",
+			len(r.env.Errors), r.env.Message, r.env.Errors)
+	}
+}
+
+// Each key has its own token bucket; past it a request is refused with Retry-After and does nothing.
 func TestRateLimit(t *testing.T) {
 	e := newTestServer(t, func(c *config) { c.rate, c.burst = 0.001, 2 })
 	e.do("GET", "/product-payment/get/x", e.key, "").want(t, 404, "not_found")
 	e.do("GET", "/product-payment/get/x", e.key, "").want(t, 404, "not_found")
 	r := e.do("POST", "/product-payment/create", e.key, createBody(nil))
 	r.want(t, 429, "rate_limited")
-	// 1/0.001 s is 1000 s; never negative, never zero.
-	if secs, err := strconv.Atoi(r.header.Get("Retry-After")); err != nil || secs < 999 || secs > 1000 {
-		t.Errorf("got Retry-After %q on a 429, want about 1000 whole seconds", r.header.Get("Retry-After"))
+	if r.header.Get("Retry-After") != "1000" || e.count(`SELECT count(*) FROM buttons`) != 0 {
+		t.Errorf("got Retry-After %q and %d buttons, want 1000 (1/0.001 s) and 0", r.header.Get("Retry-After"),
+			e.count(`SELECT count(*) FROM buttons`))
 	}
-	if n := e.countButtons(); n != 0 {
-		t.Errorf("got %d buttons after a 429, want 0", n)
-	}
-	e.do("GET", "/product-payment/get/x", e.keyB, "").want(t, 404, "not_found") // each key has its own bucket
+	e.do("GET", "/product-payment/get/x", e.otherKey, "").want(t, 404, "not_found") // a bucket of its own
 }
 
-// A key revoked by another process is refused on its next request on every path, as an unknown key is, even right
-// after it was used; the account's other keys work on.
-func TestRevokedKeyStopsOnTheNextRequest(t *testing.T) {
+// A read-only key reads and is refused every write before its body is read; a revoked key, by another process
+// too, is refused at its next request like an unknown one, while the account's other keys work on.
+func TestReadOnlyAndRevokedKeys(t *testing.T) {
 	e := newTestServer(t)
-	key, keyID := e.mintKey("acme", false)
-	id := e.create(key, createBody(nil))
-	e.do("DELETE", "/product-payment/delete/"+id, key, "", "Idempotency-Key", "k").want(t, 200, "")
-	before := e.mustStored("acme", id)
-	if _, err := runCLI(t, nil, "keys", "revoke", "-db", e.dbPath, keyID); err != nil { // a store of its own
+	id := e.create(e.key, createBody(nil))
+	readOnly, _ := e.mintKey("acme", true)
+	spare, spareID := e.mintKey("acme", false)
+	e.view(readOnly, id)
+	for _, req := range [][]string{{"POST", "create", "{"}, {"POST", "update/" + id, `{"amount":"1"}`},
+		{"DELETE", "delete/" + id, ""}, {"POST", "restore/" + id, ""}} {
+		e.do(req[0], "/product-payment/"+req[1], readOnly, req[2], "Idempotency-Key", "ro").want(t, 403, "forbidden")
+	}
+	if _, _, err := runCLI(t, nil, "keys", "revoke", "-db", e.db, spareID); err != nil {
 		t.Fatalf("keys revoke: %v", err)
 	}
 	unknown := e.do("GET", "/product-payment/get/"+id, "pbk_unknown", "")
-	for _, req := range [][]string{{"GET", "get/" + id, ""}, {"GET", "list", ""}, {"GET", "history/" + id, ""},
-		{"GET", "changes", ""}, {"DELETE", "delete/" + id, "", "Idempotency-Key", "k"}, // a replay
-		{"POST", "restore/" + id, ""}, {"POST", "update/" + id, `{"productName":""}`}, {"POST", "create", createBody(nil)}} {
-		r := e.do(req[0], "/product-payment/"+req[1], key, req[2], req[3:]...)
+	for _, path := range []string{"get/" + id, "list", "history/" + id} {
+		r := e.do("GET", "/product-payment/"+path, spare, "")
 		if r.want(t, 401, "unauthorized"); r.env.Message != unknown.env.Message {
 			t.Errorf("%s: got %q, want %q as for an unknown key", r.request, r.env.Message, unknown.env.Message)
 		}
 	}
-	if after := e.mustStored("acme", id); !reflect.DeepEqual(after, before) || e.countButtons() != 1 {
-		t.Errorf("got %+v and %d buttons after the revoked key's requests, want %+v and 1", after, e.countButtons(), before)
+	if v := e.view(e.key, id); v["version"] != 1.0 || e.count(`SELECT count(*) FROM idempotency_keys`) != 0 {
+		t.Errorf("got %v and stored answers, want version 1 and none kept for a 403", v)
 	}
-	e.getView(e.key, id) // the account's other key
 }
 
-// A handler's panic is a 500 with the generic envelope; the log has the cause and the stack.
-func TestPanicIsA500ThatLogsTheStack(t *testing.T) {
-	logs := &syncBuffer{}
-	s := &server{log: slog.New(slog.NewTextHandler(logs, nil)), metrics: metrics{routes: map[string]*routeMetrics{}}}
-	h := s.withBasics(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("secret detail") }))
-	rec, req := httptest.NewRecorder(), httptest.NewRequest("GET", "/anything", nil)
-	req.Header.Set("X-Request-Id", "trace-500")
-	h.ServeHTTP(rec, req)
-	want := `{"isSuccess":false,"data":"","message":"internal error","code":"internal"}`
-	if rec.Code != 500 || rec.Body.String() != want {
-		t.Errorf("got %d %s, want 500 %s", rec.Code, rec.Body, want)
+// list pages newest first and filters; every query parameter is checked, and ones never built are refused.
+func TestList(t *testing.T) {
+	e := newTestServer(t)
+	var ids []string
+	for i := range 5 {
+		method := []string{"Stripe", "the service"}[i%2]
+		ids = append(ids, e.create(e.key, createBody(m{"paymentMethod": method, "isLive": i < 2})))
 	}
-	for _, part := range []string{"secret detail", "requestId=trace-500", "goroutine", "status=500"} {
-		if !strings.Contains(logs.String(), part) {
-			t.Errorf("the log lacks %q:\n%s", part, logs)
+	e.do("DELETE", "/product-payment/delete/"+ids[4], e.key, "").want(t, 200, "")
+	e.create(e.otherKey, createBody(nil))
+	list := func(query string) (got []string, next any) {
+		t.Helper()
+		r := e.do("GET", "/product-payment/list?"+query, e.key, "")
+		r.want(t, 200, "")
+		var data struct {
+			Items   []struct{ ID string }
+			HasMore bool
+			Next    any
+		}
+		json.Unmarshal(r.env.Data, &data)
+		for _, item := range data.Items {
+			got = append(got, item.ID)
+		}
+		if data.HasMore != (data.Next != nil) {
+			t.Errorf("%s: hasMore %v with next %v", r.request, data.HasMore, data.Next)
+		}
+		return got, data.Next
+	}
+	for query, want := range map[string][]string{
+		"":                            {ids[3], ids[2], ids[1], ids[0]},
+		"limit=2&after=" + ids[3]:     {ids[2], ids[1]},
+		"state=deleted":               {ids[4]},
+		"state=all&isLive=true":       {ids[1], ids[0]},
+		"paymentMethod=the%20service": {ids[3], ids[1]},
+	} {
+		if got, _ := list(query); !slices.Equal(got, want) {
+			t.Errorf("list?%s: got %v, want %v", query, got, want)
 		}
 	}
+	if got, next := list("limit=3"); len(got) != 3 || next != ids[1] {
+		t.Errorf("list?limit=3: got %v next %v, want 3 items and next %s", got, next, ids[1])
+	}
+	for query, field := range map[string]string{"limit=0": "limit", "limit=101": "limit", "limit=+5": "limit",
+		"after=btn_x": "after", "state=gone": "state", "isLive=1": "isLive", "paymentMethod=stripe": "paymentMethod",
+		"metadata%5Bteam%5D=web": "metadata[team]", "since=0": "since", "limit=1&limit=2": "limit", "%zz": "query"} {
+		e.do("GET", "/product-payment/list?"+query, e.key, "").wantFields(t, field)
+	}
 }
 
-// --- the whole program, run in this process ---
-
-// runCLI runs the program with args and env, returning stdout and the error.
-func runCLI(t *testing.T, env map[string]string, args ...string) (string, error) {
-	t.Helper()
-	var stdout bytes.Buffer
-	err := run(context.Background(), append([]string{"paybuttons"}, args...),
-		func(name string) string { return env[name] }, &stdout, io.Discard)
-	return stdout.String(), err
+// history pages a button's changes, oldest first, with their author and what changed as get shows it.
+func TestHistory(t *testing.T) {
+	e := newTestServer(t)
+	id := e.create(e.key, createBody(m{"metadata": m{"orderRef": "A-17"}}))
+	e.do("POST", "/product-payment/update/"+id, e.key, `{"amount":"24.9","description":null,"metadata":{"orderRef":null,"team":"web"}}`,
+		"X-Request-Id", "trace-7").want(t, 200, "")
+	e.do("DELETE", "/product-payment/delete/"+id, e.key, "").want(t, 200, "")
+	r := e.do("GET", "/product-payment/history/"+id+"?limit=2", e.key, "")
+	r.want(t, 200, "")
+	var page struct {
+		Items   []map[string]any
+		HasMore bool
+		Next    any
+	}
+	json.Unmarshal(r.env.Data, &page)
+	update := m{"version": 2.0, "action": "update", "keyId": e.keyID, "requestId": "trace-7", "at": page.Items[1]["at"],
+		"changes": m{"amount": m{"from": "19.90", "to": "24.90"}, "description": m{"from": "Monthly access", "to": nil},
+			"metadata.orderRef": m{"from": "A-17", "to": nil}, "metadata.team": m{"from": nil, "to": "web"}}}
+	created := page.Items[0]["changes"].(map[string]any)
+	if len(page.Items) != 2 || !page.HasMore || page.Next != 2.0 || !reflect.DeepEqual(page.Items[1], update) ||
+		created["amount"].(map[string]any)["to"] != "19.90" || len(created) != 9 {
+		t.Errorf("history?limit=2: got %s\nwant the create (9 fields set) and %v, hasMore, next 2", r.env.Data, update)
+	}
+	r = e.do("GET", "/product-payment/history/"+id+"?after=2", e.key, "")
+	r.want(t, 200, "")
+	json.Unmarshal(r.env.Data, &page)
+	if len(page.Items) != 1 || page.HasMore || page.Next != nil ||
+		!reflect.DeepEqual(page.Items[0]["changes"], map[string]any{"state": m{"from": "active", "to": "deleted"}}) {
+		t.Errorf("history?after=2: got %s, want the delete alone, and the end", r.env.Data)
+	}
+	for query, field := range map[string]string{"after=-1": "after", "after=9007199254740992": "after",
+		"limit=0": "limit", "wait=1": "wait"} {
+		e.do("GET", "/product-payment/history/"+id+"?"+query, e.key, "").wantFields(t, field)
+	}
 }
 
-// syncBuffer is a bytes.Buffer safe to read while run writes to it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
+// An Idempotency-Key replays the first answer byte for byte, refusals included; another request with it is a 422,
+// the key of another account is another key, and what is answered before the operation runs is not kept.
+func TestIdempotencyKeys(t *testing.T) {
+	e := newTestServer(t)
+	id := e.create(e.key, createBody(nil))
+	for i, req := range []struct{ method, path, body, ifMatch, code string }{
+		{"POST", "create", createBody(nil), "", ""},
+		{"POST", "create", `{"productName":""}`, "", "invalid_request"},
+		{"DELETE", "delete/" + id, "", `"1"`, ""},
+		{"DELETE", "delete/" + id, "", `"1"`, "precondition_failed"},
+		{"POST", "restore/btn_01JD0000000000000000000000", "", "", "not_found"},
+	} {
+		headers := []string{"Idempotency-Key", fmt.Sprint("key-", i), "If-Match", req.ifMatch}
+		first := e.do(req.method, "/product-payment/"+req.path, e.key, req.body, headers...)
+		again := e.do(req.method, "/product-payment/"+req.path, e.key, req.body, headers...)
+		if first.env.Code != req.code || again.header.Get("Idempotent-Replayed") != "true" ||
+			first.header.Get("Idempotent-Replayed") != "" || again.status != first.status ||
+			!bytes.Equal(again.raw, first.raw) || again.header.Get("ETag") != first.header.Get("ETag") {
+			t.Errorf("%s twice: got %d %s (ETag %q), then %d %s (ETag %q, replayed %q); want code %q replayed",
+				first.request, first.status, first.raw, first.header.Get("ETag"), again.status, again.raw,
+				again.header.Get("ETag"), again.header.Get("Idempotent-Replayed"), req.code)
+		}
+	}
+	body := createBody(nil)
+	e.do("POST", "/product-payment/create", e.key, createBody(m{"amount": "1"}), "Idempotency-Key", "key-0").
+		want(t, 422, "idempotency_mismatch")
+	e.do("POST", "/product-payment/create", e.otherKey, body, "Idempotency-Key", "key-0").want(t, 200, "")
+	e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", "ct", "Content-Type", "text/plain").
+		want(t, 415, "unsupported_media_type")
+	e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", "ct").want(t, 200, "")
+	if kept, buttons := e.count(`SELECT count(*) FROM idempotency_keys`), e.count(`SELECT count(*) FROM buttons`); kept != 7 || buttons != 4 {
+		t.Errorf("got %d kept answers and %d buttons, want 7 (key-0..4, other's key-0, ct) and 4", kept, buttons)
+	}
+	for _, key := range []string{"", strings.Repeat("k", 256), "tab\tin"} {
+		e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", key).wantFields(t, "Idempotency-Key")
+	}
 }
 
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// running is run(...) serving in the background.
-type running struct {
-	url    string
-	stderr *syncBuffer
-	stop   func() error // cancels run's context and returns what run returned
-}
-
-// startRun runs the program with "serve" args on 127.0.0.1 and a free port, and waits until it listens. It is stopped
-// when the test ends if stop was not called before.
-func startRun(t testing.TB, args ...string) *running {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	r := &running{stderr: &syncBuffer{}, stop: sync.OnceValue(func() error {
-		cancel()
-		return <-done
-	})}
+// While a write with an Idempotency-Key runs, the same key is answered 409 and the write goes on to its answer.
+func TestIdempotencyKeyInFlight(t *testing.T) {
+	e := newTestServer(t)
+	e.do("GET", "/product-payment/list", e.key, "").want(t, 200, "") // the key's last use, noted now, not in the test
+	lock, err := sql.Open("sqlite", sqliteURI(e.db, "_pragma=busy_timeout(5000)&_txlock=immediate"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	held, err := lock.Begin() // the write lock: the first create waits for it, holding its key
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := make(chan response, 1)
 	go func() {
-		done <- run(ctx, append([]string{"paybuttons", "-addr", "127.0.0.1:0", "-rate", "0"}, args...),
-			func(string) string { return "" }, io.Discard, r.stderr)
+		r, _ := callAPI(http.DefaultClient, "POST", e.url+"/product-payment/create", e.key, createBody(nil),
+			"Idempotency-Key", "once")
+		first <- r
 	}()
-	t.Cleanup(func() { r.stop() })
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if r.url = listeningURL(r.stderr.String()); r.url != "" {
-			return r
-		}
-		select {
-		case err := <-done:
-			done <- err // for stop
-			t.Fatalf("run returned early: %v\n%s", err, r.stderr)
-		default:
+	for deadline := time.Now().Add(5 * time.Second); e.store.writer.Stats().InUse == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first create never began its write")
 		}
 	}
-	t.Fatalf("run did not say where it listens:\n%s", r.stderr)
-	return nil
+	e.do("POST", "/product-payment/create", e.key, createBody(nil), "Idempotency-Key", "once").
+		want(t, 409, "idempotency_in_flight")
+	held.Rollback()
+	if r := <-first; r.status != 200 || e.count(`SELECT count(*) FROM buttons`) != 1 {
+		t.Errorf("the first create: got %d %s and %d buttons, want 200 and 1", r.status, r.raw, e.count(`SELECT count(*) FROM buttons`))
+	}
 }
 
-// listeningURL finds the address of the "listening" log line, text or JSON.
-func listeningURL(logs string) string {
-	for _, line := range strings.Split(logs, "\n") {
-		if _, after, ok := strings.Cut(line, "url="); ok && strings.Contains(line, "listening") {
-			return strings.Fields(after)[0]
-		}
-		var entry struct{ Msg, URL string }
-		if json.Unmarshal([]byte(line), &entry) == nil && entry.Msg == "listening" {
-			return entry.URL
-		}
+// /healthz answers 200 while the database answers a read, 503 with Retry-After when it does not.
+func TestHealthz(t *testing.T) {
+	e := newTestServer(t)
+	e.do("GET", "/healthz", "", "").want(t, 200, "")
+	e.store.reader.Close()
+	r := e.do("GET", "/healthz", "", "")
+	if r.want(t, 503, "unavailable"); r.header.Get("Retry-After") != "1" {
+		t.Errorf("got Retry-After %q, want 1", r.header.Get("Retry-After"))
 	}
-	return ""
 }
 
-// mintedKey is the first-start key run printed on a line of its own, or "".
-func (r *running) mintedKey() string {
-	for _, line := range strings.Split(r.stderr.String(), "\n") {
-		if strings.HasPrefix(line, "pbk_") {
-			return line
-		}
+// A panic is a 500 with the generic envelope; the log has the cause and the request id.
+func TestPanicIsA500(t *testing.T) {
+	var logs bytes.Buffer
+	s := &server{log: slog.New(slog.NewTextHandler(&logs, nil))}
+	rec, req := httptest.NewRecorder(), httptest.NewRequest("GET", "/x", nil)
+	req.Header.Set("X-Request-Id", "trace-500")
+	s.withBasics(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("secret detail") })).ServeHTTP(rec, req)
+	if rec.Code != 500 || !bytes.Equal(rec.Body.Bytes(), internalError) ||
+		!strings.Contains(logs.String(), "secret detail") || !strings.Contains(logs.String(), "requestId=trace-500") {
+		t.Errorf("got %d %s, log %s; want 500 %s, and the panic logged with the request id", rec.Code, rec.Body,
+			logs.String(), internalError)
 	}
-	return ""
 }

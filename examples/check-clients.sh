@@ -64,7 +64,9 @@ export async function lifecycle(): Promise<Button[]> {
   await updateButton({ path: { id }, headers: { "If-Match": '"1"' }, body: { amount: "12.00", metadata: { orderRef: null } } });
   const history = await getButtonHistory({ path: { id }, query: { limit: 2 } });
   const next: number | null | undefined = history.data?.data.next;
-  const page = await listButtons({ query: { metadata: { orderRef: "A-17" }, after: next === null ? undefined : id } });
+  const page = await listButtons({
+    query: { paymentMethod: "Stripe", isLive: false, state: "all", after: next === null ? undefined : id },
+  });
   return page.data?.data.items ?? [];
 }
 EOF
@@ -86,9 +88,11 @@ export async function lifecycle(): Promise<components["schemas"]["Button"][]> {
   await api.POST("/product-payment/update/{id}", {
     params: { path: { id }, header: { "If-Match": '"1"' } }, body: { description: null, metadata: { team: "web" } },
   });
-  const changes = await api.GET("/product-payment/changes", { params: { query: { since: 0 } } });
-  const since: number = changes.data?.data.next ?? 0;
-  const page = await api.GET("/product-payment/list", { params: { query: { metadata: { team: "web" }, limit: since > 0 ? 2 : 20 } } });
+  const history = await api.GET("/product-payment/history/{id}", { params: { path: { id }, query: { after: 0, limit: 2 } } });
+  const last: number = history.data?.data.next ?? 0;
+  const page = await api.GET("/product-payment/list", {
+    params: { query: { paymentMethod: "the service", isLive: true, state: "all", limit: last > 0 ? 2 : 20 } },
+  });
   return page.data?.data.items ?? [];
 }
 EOF

@@ -119,147 +119,8 @@ func (e ButtonState) Valid() bool {
 	}
 }
 
-// Defines values for ChangesResultIsSuccess.
-const (
-	ChangesResultIsSuccessTrue ChangesResultIsSuccess = true
-)
-
-// Valid indicates whether the value is a known member of the ChangesResultIsSuccess enum.
-func (e ChangesResultIsSuccess) Valid() bool {
-	switch e {
-	case ChangesResultIsSuccessTrue:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for ChangesResultMessage.
-const (
-	ChangesResultMessageOk ChangesResultMessage = "ok"
-)
-
-// Valid indicates whether the value is a known member of the ChangesResultMessage enum.
-func (e ChangesResultMessage) Valid() bool {
-	switch e {
-	case ChangesResultMessageOk:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for ConflictErrorCode.
-const (
-	ConflictErrorCodeIdempotencyInFlight ConflictErrorCode = "idempotency_in_flight"
-	ConflictErrorCodeWrongState          ConflictErrorCode = "wrong_state"
-)
-
-// Valid indicates whether the value is a known member of the ConflictErrorCode enum.
-func (e ConflictErrorCode) Valid() bool {
-	switch e {
-	case ConflictErrorCodeIdempotencyInFlight:
-		return true
-	case ConflictErrorCodeWrongState:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for ConflictErrorData.
-const (
-	ConflictErrorDataEmpty ConflictErrorData = ""
-)
-
-// Valid indicates whether the value is a known member of the ConflictErrorData enum.
-func (e ConflictErrorData) Valid() bool {
-	switch e {
-	case ConflictErrorDataEmpty:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for ConflictErrorIsSuccess.
-const (
-	ConflictErrorIsSuccessFalse ConflictErrorIsSuccess = false
-)
-
-// Valid indicates whether the value is a known member of the ConflictErrorIsSuccess enum.
-func (e ConflictErrorIsSuccess) Valid() bool {
-	switch e {
-	case ConflictErrorIsSuccessFalse:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for CreatedResultIsSuccess.
-const (
-	CreatedResultIsSuccessTrue CreatedResultIsSuccess = true
-)
-
-// Valid indicates whether the value is a known member of the CreatedResultIsSuccess enum.
-func (e CreatedResultIsSuccess) Valid() bool {
-	switch e {
-	case CreatedResultIsSuccessTrue:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for CreatedResultMessage.
-const (
-	CreatedResultMessageCreated CreatedResultMessage = "created"
-)
-
-// Valid indicates whether the value is a known member of the CreatedResultMessage enum.
-func (e CreatedResultMessage) Valid() bool {
-	switch e {
-	case CreatedResultMessageCreated:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for DeletedResultIsSuccess.
-const (
-	DeletedResultIsSuccessTrue DeletedResultIsSuccess = true
-)
-
-// Valid indicates whether the value is a known member of the DeletedResultIsSuccess enum.
-func (e DeletedResultIsSuccess) Valid() bool {
-	switch e {
-	case DeletedResultIsSuccessTrue:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for DeletedResultMessage.
-const (
-	DeletedResultMessageDeleted DeletedResultMessage = "deleted"
-)
-
-// Valid indicates whether the value is a known member of the DeletedResultMessage enum.
-func (e DeletedResultMessage) Valid() bool {
-	switch e {
-	case DeletedResultMessageDeleted:
-		return true
-	default:
-		return false
-	}
-}
-
 // Defines values for ErrorCode.
 const (
-	ErrorCodeCanceled             ErrorCode = "canceled"
 	ErrorCodeForbidden            ErrorCode = "forbidden"
 	ErrorCodeIdempotencyInFlight  ErrorCode = "idempotency_in_flight"
 	ErrorCodeIdempotencyMismatch  ErrorCode = "idempotency_mismatch"
@@ -279,8 +140,6 @@ const (
 // Valid indicates whether the value is a known member of the ErrorCode enum.
 func (e ErrorCode) Valid() bool {
 	switch e {
-	case ErrorCodeCanceled:
-		return true
 	case ErrorCodeForbidden:
 		return true
 	case ErrorCodeIdempotencyInFlight:
@@ -344,51 +203,6 @@ func (e ErrorEnvelopeIsSuccess) Valid() bool {
 	}
 }
 
-// Defines values for ForbiddenErrorCode.
-const (
-	ForbiddenErrorCodeForbidden ForbiddenErrorCode = "forbidden"
-)
-
-// Valid indicates whether the value is a known member of the ForbiddenErrorCode enum.
-func (e ForbiddenErrorCode) Valid() bool {
-	switch e {
-	case ForbiddenErrorCodeForbidden:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for ForbiddenErrorData.
-const (
-	ForbiddenErrorDataEmpty ForbiddenErrorData = ""
-)
-
-// Valid indicates whether the value is a known member of the ForbiddenErrorData enum.
-func (e ForbiddenErrorData) Valid() bool {
-	switch e {
-	case ForbiddenErrorDataEmpty:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for ForbiddenErrorIsSuccess.
-const (
-	ForbiddenErrorIsSuccessFalse ForbiddenErrorIsSuccess = false
-)
-
-// Valid indicates whether the value is a known member of the ForbiddenErrorIsSuccess enum.
-func (e ForbiddenErrorIsSuccess) Valid() bool {
-	switch e {
-	case ForbiddenErrorIsSuccessFalse:
-		return true
-	default:
-		return false
-	}
-}
-
 // Defines values for HealthResultData.
 const (
 	HealthResultDataOk HealthResultData = "ok"
@@ -413,6 +227,21 @@ const (
 func (e HealthResultIsSuccess) Valid() bool {
 	switch e {
 	case HealthResultIsSuccessTrue:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for HealthResultMessage.
+const (
+	TheDatabaseAnswers HealthResultMessage = "the database answers"
+)
+
+// Valid indicates whether the value is a known member of the HealthResultMessage enum.
+func (e HealthResultMessage) Valid() bool {
+	switch e {
+	case TheDatabaseAnswers:
 		return true
 	default:
 		return false
@@ -473,141 +302,6 @@ func (e HistoryResultMessage) Valid() bool {
 	}
 }
 
-// Defines values for IdempotencyInFlightErrorCode.
-const (
-	IdempotencyInFlightErrorCodeIdempotencyInFlight IdempotencyInFlightErrorCode = "idempotency_in_flight"
-)
-
-// Valid indicates whether the value is a known member of the IdempotencyInFlightErrorCode enum.
-func (e IdempotencyInFlightErrorCode) Valid() bool {
-	switch e {
-	case IdempotencyInFlightErrorCodeIdempotencyInFlight:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for IdempotencyInFlightErrorData.
-const (
-	IdempotencyInFlightErrorDataEmpty IdempotencyInFlightErrorData = ""
-)
-
-// Valid indicates whether the value is a known member of the IdempotencyInFlightErrorData enum.
-func (e IdempotencyInFlightErrorData) Valid() bool {
-	switch e {
-	case IdempotencyInFlightErrorDataEmpty:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for IdempotencyInFlightErrorIsSuccess.
-const (
-	IdempotencyInFlightErrorIsSuccessFalse IdempotencyInFlightErrorIsSuccess = false
-)
-
-// Valid indicates whether the value is a known member of the IdempotencyInFlightErrorIsSuccess enum.
-func (e IdempotencyInFlightErrorIsSuccess) Valid() bool {
-	switch e {
-	case IdempotencyInFlightErrorIsSuccessFalse:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for IdempotencyMismatchErrorCode.
-const (
-	IdempotencyMismatchErrorCodeIdempotencyMismatch IdempotencyMismatchErrorCode = "idempotency_mismatch"
-)
-
-// Valid indicates whether the value is a known member of the IdempotencyMismatchErrorCode enum.
-func (e IdempotencyMismatchErrorCode) Valid() bool {
-	switch e {
-	case IdempotencyMismatchErrorCodeIdempotencyMismatch:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for IdempotencyMismatchErrorData.
-const (
-	IdempotencyMismatchErrorDataEmpty IdempotencyMismatchErrorData = ""
-)
-
-// Valid indicates whether the value is a known member of the IdempotencyMismatchErrorData enum.
-func (e IdempotencyMismatchErrorData) Valid() bool {
-	switch e {
-	case IdempotencyMismatchErrorDataEmpty:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for IdempotencyMismatchErrorIsSuccess.
-const (
-	IdempotencyMismatchErrorIsSuccessFalse IdempotencyMismatchErrorIsSuccess = false
-)
-
-// Valid indicates whether the value is a known member of the IdempotencyMismatchErrorIsSuccess enum.
-func (e IdempotencyMismatchErrorIsSuccess) Valid() bool {
-	switch e {
-	case IdempotencyMismatchErrorIsSuccessFalse:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for InternalErrorCode.
-const (
-	InternalErrorCodeInternal InternalErrorCode = "internal"
-)
-
-// Valid indicates whether the value is a known member of the InternalErrorCode enum.
-func (e InternalErrorCode) Valid() bool {
-	switch e {
-	case InternalErrorCodeInternal:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for InternalErrorData.
-const (
-	InternalErrorDataEmpty InternalErrorData = ""
-)
-
-// Valid indicates whether the value is a known member of the InternalErrorData enum.
-func (e InternalErrorData) Valid() bool {
-	switch e {
-	case InternalErrorDataEmpty:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for InternalErrorIsSuccess.
-const (
-	InternalErrorIsSuccessFalse InternalErrorIsSuccess = false
-)
-
-// Valid indicates whether the value is a known member of the InternalErrorIsSuccess enum.
-func (e InternalErrorIsSuccess) Valid() bool {
-	switch e {
-	case InternalErrorIsSuccessFalse:
-		return true
-	default:
-		return false
-	}
-}
-
 // Defines values for InvalidRequestEnvelopeCode.
 const (
 	InvalidRequestEnvelopeCodeInvalidRequest InvalidRequestEnvelopeCode = "invalid_request"
@@ -653,141 +347,6 @@ func (e InvalidRequestEnvelopeIsSuccess) Valid() bool {
 	}
 }
 
-// Defines values for MethodNotAllowedErrorCode.
-const (
-	MethodNotAllowedErrorCodeMethodNotAllowed MethodNotAllowedErrorCode = "method_not_allowed"
-)
-
-// Valid indicates whether the value is a known member of the MethodNotAllowedErrorCode enum.
-func (e MethodNotAllowedErrorCode) Valid() bool {
-	switch e {
-	case MethodNotAllowedErrorCodeMethodNotAllowed:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for MethodNotAllowedErrorData.
-const (
-	MethodNotAllowedErrorDataEmpty MethodNotAllowedErrorData = ""
-)
-
-// Valid indicates whether the value is a known member of the MethodNotAllowedErrorData enum.
-func (e MethodNotAllowedErrorData) Valid() bool {
-	switch e {
-	case MethodNotAllowedErrorDataEmpty:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for MethodNotAllowedErrorIsSuccess.
-const (
-	MethodNotAllowedErrorIsSuccessFalse MethodNotAllowedErrorIsSuccess = false
-)
-
-// Valid indicates whether the value is a known member of the MethodNotAllowedErrorIsSuccess enum.
-func (e MethodNotAllowedErrorIsSuccess) Valid() bool {
-	switch e {
-	case MethodNotAllowedErrorIsSuccessFalse:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for NotFoundErrorCode.
-const (
-	NotFoundErrorCodeNotFound NotFoundErrorCode = "not_found"
-)
-
-// Valid indicates whether the value is a known member of the NotFoundErrorCode enum.
-func (e NotFoundErrorCode) Valid() bool {
-	switch e {
-	case NotFoundErrorCodeNotFound:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for NotFoundErrorData.
-const (
-	NotFoundErrorDataEmpty NotFoundErrorData = ""
-)
-
-// Valid indicates whether the value is a known member of the NotFoundErrorData enum.
-func (e NotFoundErrorData) Valid() bool {
-	switch e {
-	case NotFoundErrorDataEmpty:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for NotFoundErrorIsSuccess.
-const (
-	NotFoundErrorIsSuccessFalse NotFoundErrorIsSuccess = false
-)
-
-// Valid indicates whether the value is a known member of the NotFoundErrorIsSuccess enum.
-func (e NotFoundErrorIsSuccess) Valid() bool {
-	switch e {
-	case NotFoundErrorIsSuccessFalse:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for PayloadTooLargeErrorCode.
-const (
-	PayloadTooLargeErrorCodePayloadTooLarge PayloadTooLargeErrorCode = "payload_too_large"
-)
-
-// Valid indicates whether the value is a known member of the PayloadTooLargeErrorCode enum.
-func (e PayloadTooLargeErrorCode) Valid() bool {
-	switch e {
-	case PayloadTooLargeErrorCodePayloadTooLarge:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for PayloadTooLargeErrorData.
-const (
-	PayloadTooLargeErrorDataEmpty PayloadTooLargeErrorData = ""
-)
-
-// Valid indicates whether the value is a known member of the PayloadTooLargeErrorData enum.
-func (e PayloadTooLargeErrorData) Valid() bool {
-	switch e {
-	case PayloadTooLargeErrorDataEmpty:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for PayloadTooLargeErrorIsSuccess.
-const (
-	PayloadTooLargeErrorIsSuccessFalse PayloadTooLargeErrorIsSuccess = false
-)
-
-// Valid indicates whether the value is a known member of the PayloadTooLargeErrorIsSuccess enum.
-func (e PayloadTooLargeErrorIsSuccess) Valid() bool {
-	switch e {
-	case PayloadTooLargeErrorIsSuccessFalse:
-		return true
-	default:
-		return false
-	}
-}
-
 // Defines values for PaymentMethod.
 const (
 	Stripe        PaymentMethod = "Stripe"
@@ -821,294 +380,6 @@ func (e PaymentType) Valid() bool {
 	case OneTime:
 		return true
 	case Subscription:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for PreconditionFailedErrorCode.
-const (
-	PreconditionFailedErrorCodePreconditionFailed PreconditionFailedErrorCode = "precondition_failed"
-)
-
-// Valid indicates whether the value is a known member of the PreconditionFailedErrorCode enum.
-func (e PreconditionFailedErrorCode) Valid() bool {
-	switch e {
-	case PreconditionFailedErrorCodePreconditionFailed:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for PreconditionFailedErrorData.
-const (
-	PreconditionFailedErrorDataEmpty PreconditionFailedErrorData = ""
-)
-
-// Valid indicates whether the value is a known member of the PreconditionFailedErrorData enum.
-func (e PreconditionFailedErrorData) Valid() bool {
-	switch e {
-	case PreconditionFailedErrorDataEmpty:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for PreconditionFailedErrorIsSuccess.
-const (
-	PreconditionFailedErrorIsSuccessFalse PreconditionFailedErrorIsSuccess = false
-)
-
-// Valid indicates whether the value is a known member of the PreconditionFailedErrorIsSuccess enum.
-func (e PreconditionFailedErrorIsSuccess) Valid() bool {
-	switch e {
-	case PreconditionFailedErrorIsSuccessFalse:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for RateLimitedErrorCode.
-const (
-	RateLimitedErrorCodeRateLimited RateLimitedErrorCode = "rate_limited"
-)
-
-// Valid indicates whether the value is a known member of the RateLimitedErrorCode enum.
-func (e RateLimitedErrorCode) Valid() bool {
-	switch e {
-	case RateLimitedErrorCodeRateLimited:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for RateLimitedErrorData.
-const (
-	RateLimitedErrorDataEmpty RateLimitedErrorData = ""
-)
-
-// Valid indicates whether the value is a known member of the RateLimitedErrorData enum.
-func (e RateLimitedErrorData) Valid() bool {
-	switch e {
-	case RateLimitedErrorDataEmpty:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for RateLimitedErrorIsSuccess.
-const (
-	RateLimitedErrorIsSuccessFalse RateLimitedErrorIsSuccess = false
-)
-
-// Valid indicates whether the value is a known member of the RateLimitedErrorIsSuccess enum.
-func (e RateLimitedErrorIsSuccess) Valid() bool {
-	switch e {
-	case RateLimitedErrorIsSuccessFalse:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for RestoredResultIsSuccess.
-const (
-	RestoredResultIsSuccessTrue RestoredResultIsSuccess = true
-)
-
-// Valid indicates whether the value is a known member of the RestoredResultIsSuccess enum.
-func (e RestoredResultIsSuccess) Valid() bool {
-	switch e {
-	case RestoredResultIsSuccessTrue:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for RestoredResultMessage.
-const (
-	RestoredResultMessageRestored RestoredResultMessage = "restored"
-)
-
-// Valid indicates whether the value is a known member of the RestoredResultMessage enum.
-func (e RestoredResultMessage) Valid() bool {
-	switch e {
-	case RestoredResultMessageRestored:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for UnauthorizedErrorCode.
-const (
-	UnauthorizedErrorCodeUnauthorized UnauthorizedErrorCode = "unauthorized"
-)
-
-// Valid indicates whether the value is a known member of the UnauthorizedErrorCode enum.
-func (e UnauthorizedErrorCode) Valid() bool {
-	switch e {
-	case UnauthorizedErrorCodeUnauthorized:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for UnauthorizedErrorData.
-const (
-	UnauthorizedErrorDataEmpty UnauthorizedErrorData = ""
-)
-
-// Valid indicates whether the value is a known member of the UnauthorizedErrorData enum.
-func (e UnauthorizedErrorData) Valid() bool {
-	switch e {
-	case UnauthorizedErrorDataEmpty:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for UnauthorizedErrorIsSuccess.
-const (
-	UnauthorizedErrorIsSuccessFalse UnauthorizedErrorIsSuccess = false
-)
-
-// Valid indicates whether the value is a known member of the UnauthorizedErrorIsSuccess enum.
-func (e UnauthorizedErrorIsSuccess) Valid() bool {
-	switch e {
-	case UnauthorizedErrorIsSuccessFalse:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for UnavailableErrorCode.
-const (
-	UnavailableErrorCodeUnavailable UnavailableErrorCode = "unavailable"
-)
-
-// Valid indicates whether the value is a known member of the UnavailableErrorCode enum.
-func (e UnavailableErrorCode) Valid() bool {
-	switch e {
-	case UnavailableErrorCodeUnavailable:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for UnavailableErrorData.
-const (
-	UnavailableErrorDataEmpty UnavailableErrorData = ""
-)
-
-// Valid indicates whether the value is a known member of the UnavailableErrorData enum.
-func (e UnavailableErrorData) Valid() bool {
-	switch e {
-	case UnavailableErrorDataEmpty:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for UnavailableErrorIsSuccess.
-const (
-	UnavailableErrorIsSuccessFalse UnavailableErrorIsSuccess = false
-)
-
-// Valid indicates whether the value is a known member of the UnavailableErrorIsSuccess enum.
-func (e UnavailableErrorIsSuccess) Valid() bool {
-	switch e {
-	case UnavailableErrorIsSuccessFalse:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for UnsupportedMediaTypeErrorCode.
-const (
-	UnsupportedMediaTypeErrorCodeUnsupportedMediaType UnsupportedMediaTypeErrorCode = "unsupported_media_type"
-)
-
-// Valid indicates whether the value is a known member of the UnsupportedMediaTypeErrorCode enum.
-func (e UnsupportedMediaTypeErrorCode) Valid() bool {
-	switch e {
-	case UnsupportedMediaTypeErrorCodeUnsupportedMediaType:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for UnsupportedMediaTypeErrorData.
-const (
-	UnsupportedMediaTypeErrorDataEmpty UnsupportedMediaTypeErrorData = ""
-)
-
-// Valid indicates whether the value is a known member of the UnsupportedMediaTypeErrorData enum.
-func (e UnsupportedMediaTypeErrorData) Valid() bool {
-	switch e {
-	case UnsupportedMediaTypeErrorDataEmpty:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for UnsupportedMediaTypeErrorIsSuccess.
-const (
-	UnsupportedMediaTypeErrorIsSuccessFalse UnsupportedMediaTypeErrorIsSuccess = false
-)
-
-// Valid indicates whether the value is a known member of the UnsupportedMediaTypeErrorIsSuccess enum.
-func (e UnsupportedMediaTypeErrorIsSuccess) Valid() bool {
-	switch e {
-	case UnsupportedMediaTypeErrorIsSuccessFalse:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for UpdatedResultIsSuccess.
-const (
-	UpdatedResultIsSuccessTrue UpdatedResultIsSuccess = true
-)
-
-// Valid indicates whether the value is a known member of the UpdatedResultIsSuccess enum.
-func (e UpdatedResultIsSuccess) Valid() bool {
-	switch e {
-	case UpdatedResultIsSuccessTrue:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for UpdatedResultMessage.
-const (
-	UpdatedResultMessageUnchanged UpdatedResultMessage = "unchanged"
-	UpdatedResultMessageUpdated   UpdatedResultMessage = "updated"
-)
-
-// Valid indicates whether the value is a known member of the UpdatedResultMessage enum.
-func (e UpdatedResultMessage) Valid() bool {
-	switch e {
-	case UpdatedResultMessageUnchanged:
-		return true
-	case UpdatedResultMessageUpdated:
 		return true
 	default:
 		return false
@@ -1199,57 +470,31 @@ func (e ListButtonsParamsState) Valid() bool {
 	}
 }
 
-// Defines values for HeadListButtonsParamsState.
-const (
-	HeadListButtonsParamsStateActive  HeadListButtonsParamsState = "active"
-	HeadListButtonsParamsStateAll     HeadListButtonsParamsState = "all"
-	HeadListButtonsParamsStateDeleted HeadListButtonsParamsState = "deleted"
-)
-
-// Valid indicates whether the value is a known member of the HeadListButtonsParamsState enum.
-func (e HeadListButtonsParamsState) Valid() bool {
-	switch e {
-	case HeadListButtonsParamsStateActive:
-		return true
-	case HeadListButtonsParamsStateAll:
-		return true
-	case HeadListButtonsParamsStateDeleted:
-		return true
-	default:
-		return false
-	}
-}
-
-// Amount A plain decimal in a JSON string: digits, optionally a dot and more digits; no sign, exponent or spaces. It must be greater than zero, fit the currency's minor unit (USD 2 decimal places, JPY 0, KWD 3; trailing zeros are fine) and be at most 10^15 minor units. Send a string. The server also accepts a JSON number, read from its text and never through a float, but a client that holds money in a float loses cents (`1234567.89` in a 32-bit float is sent as `1234567.9`), so this document declares strings only.
+// Amount A decimal in a JSON string, greater than zero, with at most the currency's decimal places (USD 2, JPY 0, KWD 3; trailing zeros are fine) and at most 10^15 minor units. The server also reads a JSON number from its text, never through a float, but clients should send a string: this document declares strings only.
 //
-// Examples: 19.90, 4500, 120.500
+// Examples: 19.90
 type Amount = string
 
-// BillingInterval How often a subscription bills, as stored.
+// BillingInterval defines model for BillingInterval.
 type BillingInterval string
 
-// BillingIntervalInput How often a subscription bills: `day`, `week`, `month` or `year`, in any letter case; `daily`, `weekly`, `monthly`, `yearly` and `annually` are read as those. Required when `paymentType` is `subscription`; absent, `null` or `""` when it is `one_time`.
-//
-// Examples: month, Monthly, YEAR
+// BillingIntervalInput `day`, `week`, `month` or `year`, in any letter case; `daily`, `weekly`, `monthly`, `yearly` and `annually` are read as those. Required for a `subscription`; absent, `null` or `""` for `one_time`.
 type BillingIntervalInput = string
 
-// Button A button as stored. Absent optional values are `null`.
+// Button A button as stored; absent values are `null`.
 type Button struct {
-	// ApplicationFeePercentage Two decimal places: "2.50"; `null` but on StripeConnect buttons.
+	// ApplicationFeePercentage Exactly 2 decimal places, such as "2.50"; `null` but on `StripeConnect` buttons.
 	ApplicationFeePercentage *string `json:"ApplicationFeePercentage"`
 
 	// Amount With the currency's decimal places: "19.90" USD, "500" JPY, "1.250" KWD.
 	Amount string `json:"amount"`
 
-	// BillingInterval `null` for a one-time price.
+	// BillingInterval `null` for `one_time`.
 	BillingInterval *BillingInterval `json:"billingInterval"`
-
-	// ChangeSeq The number of the button's last change in the database's one sequence of changes (see the change feed). It only grows, and it is at least the change's time in microseconds since 1970, so a database restored from a backup never reuses a number a client has seen. Below 2^53: a JavaScript number holds it exactly.
-	ChangeSeq int64 `json:"changeSeq"`
 
 	// CreatedAt RFC 3339 in UTC, with milliseconds.
 	//
-	// Examples: 2026-03-14T09:26:53.589Z
+	// Examples: 2026-11-24T17:04:49.429Z
 	CreatedAt Timestamp `json:"createdAt"`
 	Currency  string    `json:"currency"`
 
@@ -1257,47 +502,42 @@ type Button struct {
 	DeletedAt   *time.Time `json:"deletedAt"`
 	Description *string    `json:"description"`
 
-	// Id `btn_` and 26 Crockford base32 characters: 48 bits of Unix milliseconds, then 80 random bits. Ids are unguessable and sort by creation time.
+	// Id `btn_` and 26 Crockford base32 characters: unguessable, and sorted by creation time.
 	//
 	// Examples: btn_01KKNTQ2CN4TFF59TDWH9EDD1R
 	Id     ButtonId `json:"id"`
 	IsLive bool     `json:"isLive"`
 
-	// Metadata The button's metadata; `{}` when it has none.
-	//
-	// Examples: {"orderRef":"A-17"}
+	// Metadata The button's metadata, at most 50 keys; `{}` when it has none.
 	Metadata Metadata `json:"metadata"`
 
-	// PaymentMethod One of the values of `PaymentMethod`, with the own processor's name as the server is configured.
-	PaymentMethod string `json:"paymentMethod"`
+	// PaymentMethod One of `PaymentMethod`, with the own processor's name as the server is configured.
+	PaymentMethod string      `json:"paymentMethod"`
+	PaymentType   PaymentType `json:"paymentType"`
+	ProductName   string      `json:"productName"`
 
-	// PaymentType Exactly `one_time` or `subscription`.
-	PaymentType PaymentType `json:"paymentType"`
-	ProductName string      `json:"productName"`
-
-	// State `deleted` buttons are kept and can be read and restored.
+	// State A `deleted` button is kept: it can still be read, listed and restored.
 	State ButtonState `json:"state"`
 
 	// UpdatedAt RFC 3339 in UTC, with milliseconds.
 	//
-	// Examples: 2026-03-14T09:26:53.589Z
+	// Examples: 2026-11-24T17:04:49.429Z
 	UpdatedAt Timestamp `json:"updatedAt"`
 
-	// Version 1 at create, one more with every change (update, delete, restore); also the `ETag` of get and of a write's answer.
+	// Version 1 at create, one more with every update, delete and restore; the `ETag`.
 	Version int64 `json:"version"`
 }
 
-// ButtonId `btn_` and 26 Crockford base32 characters: 48 bits of Unix milliseconds, then 80 random bits. Ids are unguessable and sort by creation time.
+// ButtonId `btn_` and 26 Crockford base32 characters: unguessable, and sorted by creation time.
 //
 // Examples: btn_01KKNTQ2CN4TFF59TDWH9EDD1R
 type ButtonId = string
 
-// ButtonPage One page of the account's buttons.
+// ButtonPage defines model for ButtonPage.
 type ButtonPage struct {
-	// HasMore Whether asking again with `next` may give more.
 	HasMore bool `json:"hasMore"`
 
-	// Items Newest first. A page that filters by `isLive`, `paymentMethod` or `metadata` examines at most 1000 buttons, so it may hold fewer than `limit` items, even none, while `hasMore` is true.
+	// Items Newest first, at most `limit`; buttons created while paging make no page skip or repeat one.
 	Items []Button `json:"items"`
 
 	// Next The `after` of the next page; `null` when `hasMore` is false.
@@ -1306,7 +546,6 @@ type ButtonPage struct {
 
 // ButtonPageResult One page of buttons.
 type ButtonPageResult struct {
-	// Data One page of the account's buttons.
 	Data      ButtonPage                `json:"data"`
 	IsSuccess ButtonPageResultIsSuccess `json:"isSuccess"`
 	Message   ButtonPageResultMessage   `json:"message"`
@@ -1320,7 +559,7 @@ type ButtonPageResultMessage string
 
 // ButtonResult One button.
 type ButtonResult struct {
-	// Data A button as stored. Absent optional values are `null`.
+	// Data A button as stored; absent values are `null`.
 	Data      Button                `json:"data"`
 	IsSuccess ButtonResultIsSuccess `json:"isSuccess"`
 	Message   ButtonResultMessage   `json:"message"`
@@ -1332,179 +571,86 @@ type ButtonResultIsSuccess bool
 // ButtonResultMessage defines model for ButtonResult.Message.
 type ButtonResultMessage string
 
-// ButtonState `deleted` buttons are kept and can be read and restored.
+// ButtonState A `deleted` button is kept: it can still be read, listed and restored.
 type ButtonState string
 
-// ChangesPage The account's buttons changed after `since`.
-type ChangesPage struct {
-	// HasMore Whether asking again with `next` may give more.
-	HasMore bool `json:"hasMore"`
-
-	// Items Each button once, as it is now (deleted ones too), lowest `changeSeq` first.
-	Items []Button `json:"items"`
-
-	// Next The `since` of the next request: the last item's `changeSeq`, or the `since` asked with when there is no item.
-	Next int64 `json:"next"`
-}
-
-// ChangesResult The change feed.
-type ChangesResult struct {
-	// Data The account's buttons changed after `since`.
-	Data      ChangesPage            `json:"data"`
-	IsSuccess ChangesResultIsSuccess `json:"isSuccess"`
-	Message   ChangesResultMessage   `json:"message"`
-}
-
-// ChangesResultIsSuccess defines model for ChangesResult.IsSuccess.
-type ChangesResultIsSuccess bool
-
-// ChangesResultMessage defines model for ChangesResult.Message.
-type ChangesResultMessage string
-
-// ConflictError An error whose `code` is `wrong_state` or `idempotency_in_flight`.
-type ConflictError struct {
-	Code      ConflictErrorCode      `json:"code"`
-	Data      ConflictErrorData      `json:"data"`
-	IsSuccess ConflictErrorIsSuccess `json:"isSuccess"`
-
-	// Message For people; may change between versions.
-	Message string `json:"message"`
-}
-
-// ConflictErrorCode defines model for ConflictError.Code.
-type ConflictErrorCode string
-
-// ConflictErrorData defines model for ConflictError.Data.
-type ConflictErrorData string
-
-// ConflictErrorIsSuccess defines model for ConflictError.IsSuccess.
-type ConflictErrorIsSuccess bool
-
-// CreateButtonRequest Field names are case-sensitive (a name that differs only in case gets a "did you mean"); an unknown field or a field given twice is refused. `null` for an optional field means absent, for a required one missing. Every failing field is reported at once.
+// CreateButtonRequest Field names are case-sensitive; an unknown field is refused. Every failing field is reported at once.
 type CreateButtonRequest struct {
-	// ApplicationFeePercentage Required when `paymentMethod` is `StripeConnect`; refused with any other payment method (leave it out or send `null`). Note the capital A.
+	// ApplicationFeePercentage The application fee in percent (note the capital A in `ApplicationFeePercentage`), a decimal in a JSON string: 0.01 to 100, at most 2 decimal places (trailing zeros are fine). Required with `StripeConnect`, refused with any other payment method (leave it out or send `null`). The server also reads a JSON number from its text, never through a float, but clients should send a string: this document declares strings only.
 	ApplicationFeePercentage *FeePercentage `json:"ApplicationFeePercentage,omitempty"`
 
-	// Amount A plain decimal in a JSON string: digits, optionally a dot and more digits; no sign, exponent or spaces. It must be greater than zero, fit the currency's minor unit (USD 2 decimal places, JPY 0, KWD 3; trailing zeros are fine) and be at most 10^15 minor units. Send a string. The server also accepts a JSON number, read from its text and never through a float, but a client that holds money in a float loses cents (`1234567.89` in a 32-bit float is sent as `1234567.9`), so this document declares strings only.
+	// Amount A decimal in a JSON string, greater than zero, with at most the currency's decimal places (USD 2, JPY 0, KWD 3; trailing zeros are fine) and at most 10^15 minor units. The server also reads a JSON number from its text, never through a float, but clients should send a string: this document declares strings only.
 	//
-	// Examples: 19.90, 4500, 120.500
+	// Examples: 19.90
 	Amount Amount `json:"amount"`
 
-	// BillingInterval How often a subscription bills: `day`, `week`, `month` or `year`, in any letter case; `daily`, `weekly`, `monthly`, `yearly` and `annually` are read as those. Required when `paymentType` is `subscription`; absent, `null` or `""` when it is `one_time`.
-	//
-	// Examples: month, Monthly, YEAR
+	// BillingInterval `day`, `week`, `month` or `year`, in any letter case; `daily`, `weekly`, `monthly`, `yearly` and `annually` are read as those. Required for a `subscription`; absent, `null` or `""` for `one_time`.
 	BillingInterval *BillingIntervalInput `json:"billingInterval,omitempty"`
 
-	// Currency An active ISO 4217 code, case-insensitive, stored upper-case. Fund codes (BOV, CHE, ...), precious metals (XAU, XAG, XPD, XPT), testing and accounting units (XTS, XXX, XDR, ...) and withdrawn codes (HRK, SLL, ...) are refused.
-	//
-	// Examples: USD
+	// Currency An active ISO 4217 code, in any letter case, stored upper-case. Fund codes, precious metals, testing units and withdrawn codes are refused.
 	Currency Currency `json:"currency"`
 
 	// Description Up to 5000 characters; tab, line feed and carriage return are the only control characters allowed. `null` or `""` means none.
 	Description *Description `json:"description,omitempty"`
+	IsLive      bool         `json:"isLive"`
 
-	// IsLive A JSON boolean (`"true"` is refused).
-	IsLive bool `json:"isLive"`
-
-	// Metadata Your own string keys and values, as in Stripe. A string sets its key; `null` or `""` removes it (on create: leaves it out); keys not named stay as they are. `null` for the whole object changes nothing. A button holds at most 50 keys, counted after the change (so a body may name more keys when it removes some).
-	//
-	// Examples: {"orderRef":"A-17","team":"web"}
+	// Metadata Your own keys (1 to 40 of `A-Z a-z 0-9 _ . -`, `^[A-Za-z0-9_.-]{1,40}$`) to values (1 to 500 characters, no control characters), at most 50 keys a button. A string sets its key; `null` or `""` removes it (on create: leaves it out); on update, keys not named stay as they are.
 	Metadata *MetadataInput `json:"metadata,omitempty"`
 
-	// PaymentMethod Who processes the payment, exactly as written (a wrong case gets a "did you mean"). The first value is the service's own processor: its name is set with `-provider-name` (or `PAYBUTTONS_PROVIDER_NAME`) and is `the service` by default, as listed here; a server started with another name accepts and shows that name instead.
+	// PaymentMethod Who processes the payment, exactly as written. The first is the service's own processor: `the service` by default; a server started with another `-provider-name` takes and shows that name instead.
 	PaymentMethod PaymentMethod `json:"paymentMethod"`
+	PaymentType   PaymentType   `json:"paymentType"`
 
-	// PaymentType Exactly `one_time` or `subscription`.
-	PaymentType PaymentType `json:"paymentType"`
-
-	// ProductName 1 to 250 characters once leading and trailing white space is trimmed (the trimmed text is stored), with at least one visible character; no control characters but in the white space trimmed.
+	// ProductName 1 to 250 characters once leading and trailing white space is trimmed (the trimmed text is stored); no control characters.
 	ProductName ProductName `json:"productName"`
 }
 
-// CreatedResult The answer to a write that created the button.
-type CreatedResult struct {
-	// Data `btn_` and 26 Crockford base32 characters: 48 bits of Unix milliseconds, then 80 random bits. Ids are unguessable and sort by creation time.
-	//
-	// Examples: btn_01KKNTQ2CN4TFF59TDWH9EDD1R
-	Data      ButtonId               `json:"data"`
-	IsSuccess CreatedResultIsSuccess `json:"isSuccess"`
-	Message   CreatedResultMessage   `json:"message"`
-}
-
-// CreatedResultIsSuccess defines model for CreatedResult.IsSuccess.
-type CreatedResultIsSuccess bool
-
-// CreatedResultMessage defines model for CreatedResult.Message.
-type CreatedResultMessage string
-
-// Currency An active ISO 4217 code, case-insensitive, stored upper-case. Fund codes (BOV, CHE, ...), precious metals (XAU, XAG, XPD, XPT), testing and accounting units (XTS, XXX, XDR, ...) and withdrawn codes (HRK, SLL, ...) are refused.
-//
-// Examples: USD
+// Currency An active ISO 4217 code, in any letter case, stored upper-case. Fund codes, precious metals, testing units and withdrawn codes are refused.
 type Currency = string
-
-// DeletedResult The answer to a write that deleted the button.
-type DeletedResult struct {
-	// Data `btn_` and 26 Crockford base32 characters: 48 bits of Unix milliseconds, then 80 random bits. Ids are unguessable and sort by creation time.
-	//
-	// Examples: btn_01KKNTQ2CN4TFF59TDWH9EDD1R
-	Data      ButtonId               `json:"data"`
-	IsSuccess DeletedResultIsSuccess `json:"isSuccess"`
-	Message   DeletedResultMessage   `json:"message"`
-}
-
-// DeletedResultIsSuccess defines model for DeletedResult.IsSuccess.
-type DeletedResultIsSuccess bool
-
-// DeletedResultMessage defines model for DeletedResult.Message.
-type DeletedResultMessage string
 
 // Description Up to 5000 characters; tab, line feed and carriage return are the only control characters allowed. `null` or `""` means none.
 type Description = string
 
-// ErrorCode Stable and machine-readable: branch on it.
+// ErrorCode Stable: branch on it, not on `message`. Each code has one status:
 //
 // * `invalid_request` (400): the body, the query or a header breaks a rule; `errors` names every problem.
 // * `unauthorized` (401): `X-API-KEY` missing, unknown or revoked.
 // * `forbidden` (403): a read-only key on create, update, delete or restore.
 // * `not_found` (404): no such button for this account, or no such path.
-// * `method_not_allowed` (405): known path, other method; see `Allow`.
+// * `method_not_allowed` (405): a known path with another method; see `Allow`.
 // * `wrong_state` (409): update or delete of a deleted button, restore of an active one.
 // * `idempotency_in_flight` (409): the first request with this `Idempotency-Key` still runs.
 // * `precondition_failed` (412): `If-Match` does not match the button's version.
-// * `payload_too_large` (413): body over 64 KiB.
+// * `payload_too_large` (413): a body over 64 KiB.
 // * `unsupported_media_type` (415): a `Content-Type` that is not JSON.
 // * `idempotency_mismatch` (422): the `Idempotency-Key` was used with another request.
-// * `rate_limited` (429): too many requests for the key, or without a valid key from the address; see `Retry-After`.
-// * `canceled` (499): the client went away before the answer: written to the access log only, never received by a client.
+// * `rate_limited` (429): too many requests; see `Retry-After`.
 // * `internal` (500): a bug; the log has the details under the request id.
-// * `unavailable` (503): the database is busy, refuses writes or the disk is full; see `Retry-After`.
+// * `unavailable` (503): the database is busy or refuses writes, or the disk is full; see `Retry-After`.
 type ErrorCode string
 
 // ErrorEnvelope Every error but `invalid_request`.
 type ErrorEnvelope struct {
-	// Code Stable and machine-readable: branch on it.
+	// Code Stable: branch on it, not on `message`. Each code has one status:
 	//
 	// * `invalid_request` (400): the body, the query or a header breaks a rule; `errors` names every problem.
 	// * `unauthorized` (401): `X-API-KEY` missing, unknown or revoked.
 	// * `forbidden` (403): a read-only key on create, update, delete or restore.
 	// * `not_found` (404): no such button for this account, or no such path.
-	// * `method_not_allowed` (405): known path, other method; see `Allow`.
+	// * `method_not_allowed` (405): a known path with another method; see `Allow`.
 	// * `wrong_state` (409): update or delete of a deleted button, restore of an active one.
 	// * `idempotency_in_flight` (409): the first request with this `Idempotency-Key` still runs.
 	// * `precondition_failed` (412): `If-Match` does not match the button's version.
-	// * `payload_too_large` (413): body over 64 KiB.
+	// * `payload_too_large` (413): a body over 64 KiB.
 	// * `unsupported_media_type` (415): a `Content-Type` that is not JSON.
 	// * `idempotency_mismatch` (422): the `Idempotency-Key` was used with another request.
-	// * `rate_limited` (429): too many requests for the key, or without a valid key from the address; see `Retry-After`.
-	// * `canceled` (499): the client went away before the answer: written to the access log only, never received by a client.
+	// * `rate_limited` (429): too many requests; see `Retry-After`.
 	// * `internal` (500): a bug; the log has the details under the request id.
-	// * `unavailable` (503): the database is busy, refuses writes or the disk is full; see `Retry-After`.
+	// * `unavailable` (503): the database is busy or refuses writes, or the disk is full; see `Retry-After`.
 	Code      ErrorCode              `json:"code"`
 	Data      ErrorEnvelopeData      `json:"data"`
 	IsSuccess ErrorEnvelopeIsSuccess `json:"isSuccess"`
-
-	// Message For people; may change between versions.
-	Message string `json:"message"`
+	Message   string                 `json:"message"`
 }
 
 // ErrorEnvelopeData defines model for ErrorEnvelope.Data.
@@ -1513,41 +659,20 @@ type ErrorEnvelopeData string
 // ErrorEnvelopeIsSuccess defines model for ErrorEnvelope.IsSuccess.
 type ErrorEnvelopeIsSuccess bool
 
-// FeePercentage The application fee in percent, a plain decimal in a JSON string: 0.01 to 100 inclusive, at most 2 decimal places (trailing zeros are fine). Send a string. The server also accepts a JSON number, read from its text and never through a float, as for `amount`; this document declares strings only.
-//
-// Examples: 2.50
+// FeePercentage The application fee in percent (note the capital A in `ApplicationFeePercentage`), a decimal in a JSON string: 0.01 to 100, at most 2 decimal places (trailing zeros are fine). Required with `StripeConnect`, refused with any other payment method (leave it out or send `null`). The server also reads a JSON number from its text, never through a float, but clients should send a string: this document declares strings only.
 type FeePercentage = string
 
-// FlagChange `isLive` before and after the change; `from` is `null` on create.
+// FlagChange defines model for FlagChange.
 type FlagChange struct {
 	From *bool `json:"from"`
 	To   bool  `json:"to"`
 }
 
-// ForbiddenError An error whose `code` is `forbidden`.
-type ForbiddenError struct {
-	Code      ForbiddenErrorCode      `json:"code"`
-	Data      ForbiddenErrorData      `json:"data"`
-	IsSuccess ForbiddenErrorIsSuccess `json:"isSuccess"`
-
-	// Message For people; may change between versions.
-	Message string `json:"message"`
-}
-
-// ForbiddenErrorCode defines model for ForbiddenError.Code.
-type ForbiddenErrorCode string
-
-// ForbiddenErrorData defines model for ForbiddenError.Data.
-type ForbiddenErrorData string
-
-// ForbiddenErrorIsSuccess defines model for ForbiddenError.IsSuccess.
-type ForbiddenErrorIsSuccess bool
-
-// HealthResult The database answers.
+// HealthResult `{"isSuccess":true,"data":"ok","message":"the database answers"}`
 type HealthResult struct {
 	Data      HealthResultData      `json:"data"`
 	IsSuccess HealthResultIsSuccess `json:"isSuccess"`
-	Message   string                `json:"message"`
+	Message   HealthResultMessage   `json:"message"`
 }
 
 // HealthResultData defines model for HealthResult.Data.
@@ -1556,39 +681,12 @@ type HealthResultData string
 // HealthResultIsSuccess defines model for HealthResult.IsSuccess.
 type HealthResultIsSuccess bool
 
-// HistoryChanges Each field whose value the change made differ, from before to after, as get shows it; each metadata key that changed as its own `metadata.KEY` entry. On create `from` is `null` and fields left `null` are not listed.
-//
-// Examples: {"amount":{"from":"120.500","to":"99.000"},"metadata.orderRef":{"from":null,"to":"A-17"}}
+// HealthResultMessage defines model for HealthResult.Message.
+type HealthResultMessage string
+
+// HistoryChanges Each field the change made differ, by its name in `Button` (`productName`, `description`, `amount`, `currency`, `billingInterval`, `paymentMethod`, `paymentType`, `isLive`, `ApplicationFeePercentage`, `state`), and each metadata key that changed as `metadata.KEY`, from before to after as get shows them. On create `from` is `null` and fields left `null` are not listed.
 type HistoryChanges struct {
-	// ApplicationFeePercentage A text field's value before and after the change, as get shows it; `null` for none.
-	ApplicationFeePercentage *TextChange `json:"ApplicationFeePercentage,omitempty"`
-
-	// Amount A text field's value before and after the change, as get shows it; `null` for none.
-	Amount *TextChange `json:"amount,omitempty"`
-
-	// BillingInterval A text field's value before and after the change, as get shows it; `null` for none.
-	BillingInterval *TextChange `json:"billingInterval,omitempty"`
-
-	// Currency A text field's value before and after the change, as get shows it; `null` for none.
-	Currency *TextChange `json:"currency,omitempty"`
-
-	// Description A text field's value before and after the change, as get shows it; `null` for none.
-	Description *TextChange `json:"description,omitempty"`
-
-	// IsLive `isLive` before and after the change; `from` is `null` on create.
-	IsLive *FlagChange `json:"isLive,omitempty"`
-
-	// PaymentMethod A text field's value before and after the change, as get shows it; `null` for none.
-	PaymentMethod *TextChange `json:"paymentMethod,omitempty"`
-
-	// PaymentType A text field's value before and after the change, as get shows it; `null` for none.
-	PaymentType *TextChange `json:"paymentType,omitempty"`
-
-	// ProductName A text field's value before and after the change, as get shows it; `null` for none.
-	ProductName *TextChange `json:"productName,omitempty"`
-
-	// State A text field's value before and after the change, as get shows it; `null` for none.
-	State                *TextChange           `json:"state,omitempty"`
+	IsLive               *FlagChange           `json:"isLive,omitempty"`
 	AdditionalProperties map[string]TextChange `json:"-"`
 }
 
@@ -1598,17 +696,13 @@ type HistoryEntry struct {
 
 	// At RFC 3339 in UTC, with milliseconds.
 	//
-	// Examples: 2026-03-14T09:26:53.589Z
+	// Examples: 2026-11-24T17:04:49.429Z
 	At Timestamp `json:"at"`
 
-	// Changes Each field whose value the change made differ, from before to after, as get shows it; each metadata key that changed as its own `metadata.KEY` entry. On create `from` is `null` and fields left `null` are not listed.
-	//
-	// Examples: {"amount":{"from":"120.500","to":"99.000"},"metadata.orderRef":{"from":null,"to":"A-17"}}
+	// Changes Each field the change made differ, by its name in `Button` (`productName`, `description`, `amount`, `currency`, `billingInterval`, `paymentMethod`, `paymentType`, `isLive`, `ApplicationFeePercentage`, `state`), and each metadata key that changed as `metadata.KEY`, from before to after as get shows them. On create `from` is `null` and fields left `null` are not listed.
 	Changes HistoryChanges `json:"changes"`
 
 	// KeyId The id of the API key that made the change (never the key).
-	//
-	// Examples: key_6Q3D25VT4F5V37E3
 	KeyId string `json:"keyId"`
 
 	// RequestId The `X-Request-Id` of the request that made it.
@@ -1621,9 +715,8 @@ type HistoryEntry struct {
 // HistoryEntryAction defines model for HistoryEntry.Action.
 type HistoryEntryAction string
 
-// HistoryPage One page of a button's history.
+// HistoryPage defines model for HistoryPage.
 type HistoryPage struct {
-	// HasMore Whether asking again with `next` may give more.
 	HasMore bool `json:"hasMore"`
 
 	// Items Oldest first.
@@ -1635,7 +728,6 @@ type HistoryPage struct {
 
 // HistoryResult One page of a button's history.
 type HistoryResult struct {
-	// Data One page of a button's history.
 	Data      HistoryPage            `json:"data"`
 	IsSuccess HistoryResultIsSuccess `json:"isSuccess"`
 	Message   HistoryResultMessage   `json:"message"`
@@ -1647,73 +739,16 @@ type HistoryResultIsSuccess bool
 // HistoryResultMessage defines model for HistoryResult.Message.
 type HistoryResultMessage string
 
-// IdempotencyInFlightError An error whose `code` is `idempotency_in_flight`.
-type IdempotencyInFlightError struct {
-	Code      IdempotencyInFlightErrorCode      `json:"code"`
-	Data      IdempotencyInFlightErrorData      `json:"data"`
-	IsSuccess IdempotencyInFlightErrorIsSuccess `json:"isSuccess"`
-
-	// Message For people; may change between versions.
-	Message string `json:"message"`
-}
-
-// IdempotencyInFlightErrorCode defines model for IdempotencyInFlightError.Code.
-type IdempotencyInFlightErrorCode string
-
-// IdempotencyInFlightErrorData defines model for IdempotencyInFlightError.Data.
-type IdempotencyInFlightErrorData string
-
-// IdempotencyInFlightErrorIsSuccess defines model for IdempotencyInFlightError.IsSuccess.
-type IdempotencyInFlightErrorIsSuccess bool
-
-// IdempotencyMismatchError An error whose `code` is `idempotency_mismatch`.
-type IdempotencyMismatchError struct {
-	Code      IdempotencyMismatchErrorCode      `json:"code"`
-	Data      IdempotencyMismatchErrorData      `json:"data"`
-	IsSuccess IdempotencyMismatchErrorIsSuccess `json:"isSuccess"`
-
-	// Message For people; may change between versions.
-	Message string `json:"message"`
-}
-
-// IdempotencyMismatchErrorCode defines model for IdempotencyMismatchError.Code.
-type IdempotencyMismatchErrorCode string
-
-// IdempotencyMismatchErrorData defines model for IdempotencyMismatchError.Data.
-type IdempotencyMismatchErrorData string
-
-// IdempotencyMismatchErrorIsSuccess defines model for IdempotencyMismatchError.IsSuccess.
-type IdempotencyMismatchErrorIsSuccess bool
-
-// InternalError An error whose `code` is `internal`.
-type InternalError struct {
-	Code      InternalErrorCode      `json:"code"`
-	Data      InternalErrorData      `json:"data"`
-	IsSuccess InternalErrorIsSuccess `json:"isSuccess"`
-
-	// Message For people; may change between versions.
-	Message string `json:"message"`
-}
-
-// InternalErrorCode defines model for InternalError.Code.
-type InternalErrorCode string
-
-// InternalErrorData defines model for InternalError.Data.
-type InternalErrorData string
-
-// InternalErrorIsSuccess defines model for InternalError.IsSuccess.
-type InternalErrorIsSuccess bool
-
-// InvalidRequestEnvelope A `400 invalid_request`: every problem in `errors`.
+// InvalidRequestEnvelope defines model for InvalidRequestEnvelope.
 type InvalidRequestEnvelope struct {
 	Code InvalidRequestEnvelopeCode `json:"code"`
 	Data InvalidRequestEnvelopeData `json:"data"`
 
-	// Errors The failing fields, metadata keys (`metadata.KEY`), query parameters or headers, and why: at most 20 (`message` says how many more there were). `body` names a problem with the body as a whole, `query` an unreadable query string. A name longer than 40 characters is shown cut, ending in `…`.
+	// Errors Each failing field, metadata key (`metadata.KEY`), query parameter or header, and why; at most 20 entries. `body` names a problem with the body as a whole.
 	Errors    map[string]string               `json:"errors"`
 	IsSuccess InvalidRequestEnvelopeIsSuccess `json:"isSuccess"`
 
-	// Message `<field> <why>` for one problem, `N fields are invalid: a, b` for several; when more than 20 fail, it also says how many more there were than `errors` names.
+	// Message The problem, or how many there are; when more than 20, also "and N more".
 	Message string `json:"message"`
 }
 
@@ -1726,140 +761,22 @@ type InvalidRequestEnvelopeData string
 // InvalidRequestEnvelopeIsSuccess defines model for InvalidRequestEnvelope.IsSuccess.
 type InvalidRequestEnvelopeIsSuccess bool
 
-// Metadata The button's metadata; `{}` when it has none.
-//
-// Examples: {"orderRef":"A-17"}
-type Metadata map[string]MetadataValue
+// Metadata The button's metadata, at most 50 keys; `{}` when it has none.
+type Metadata map[string]string
 
-// MetadataInput Your own string keys and values, as in Stripe. A string sets its key; `null` or `""` removes it (on create: leaves it out); keys not named stay as they are. `null` for the whole object changes nothing. A button holds at most 50 keys, counted after the change (so a body may name more keys when it removes some).
-//
-// Examples: {"orderRef":"A-17","team":"web"}
+// MetadataInput Your own keys (1 to 40 of `A-Z a-z 0-9 _ . -`, `^[A-Za-z0-9_.-]{1,40}$`) to values (1 to 500 characters, no control characters), at most 50 keys a button. A string sets its key; `null` or `""` removes it (on create: leaves it out); on update, keys not named stay as they are.
 type MetadataInput map[string]*string
 
-// MetadataValue 1 to 500 characters, no control characters.
-type MetadataValue = string
-
-// MethodNotAllowedError An error whose `code` is `method_not_allowed`.
-type MethodNotAllowedError struct {
-	Code      MethodNotAllowedErrorCode      `json:"code"`
-	Data      MethodNotAllowedErrorData      `json:"data"`
-	IsSuccess MethodNotAllowedErrorIsSuccess `json:"isSuccess"`
-
-	// Message For people; may change between versions.
-	Message string `json:"message"`
-}
-
-// MethodNotAllowedErrorCode defines model for MethodNotAllowedError.Code.
-type MethodNotAllowedErrorCode string
-
-// MethodNotAllowedErrorData defines model for MethodNotAllowedError.Data.
-type MethodNotAllowedErrorData string
-
-// MethodNotAllowedErrorIsSuccess defines model for MethodNotAllowedError.IsSuccess.
-type MethodNotAllowedErrorIsSuccess bool
-
-// NotFoundError An error whose `code` is `not_found`.
-type NotFoundError struct {
-	Code      NotFoundErrorCode      `json:"code"`
-	Data      NotFoundErrorData      `json:"data"`
-	IsSuccess NotFoundErrorIsSuccess `json:"isSuccess"`
-
-	// Message For people; may change between versions.
-	Message string `json:"message"`
-}
-
-// NotFoundErrorCode defines model for NotFoundError.Code.
-type NotFoundErrorCode string
-
-// NotFoundErrorData defines model for NotFoundError.Data.
-type NotFoundErrorData string
-
-// NotFoundErrorIsSuccess defines model for NotFoundError.IsSuccess.
-type NotFoundErrorIsSuccess bool
-
-// PayloadTooLargeError An error whose `code` is `payload_too_large`.
-type PayloadTooLargeError struct {
-	Code      PayloadTooLargeErrorCode      `json:"code"`
-	Data      PayloadTooLargeErrorData      `json:"data"`
-	IsSuccess PayloadTooLargeErrorIsSuccess `json:"isSuccess"`
-
-	// Message For people; may change between versions.
-	Message string `json:"message"`
-}
-
-// PayloadTooLargeErrorCode defines model for PayloadTooLargeError.Code.
-type PayloadTooLargeErrorCode string
-
-// PayloadTooLargeErrorData defines model for PayloadTooLargeError.Data.
-type PayloadTooLargeErrorData string
-
-// PayloadTooLargeErrorIsSuccess defines model for PayloadTooLargeError.IsSuccess.
-type PayloadTooLargeErrorIsSuccess bool
-
-// PaymentMethod Who processes the payment, exactly as written (a wrong case gets a "did you mean"). The first value is the service's own processor: its name is set with `-provider-name` (or `PAYBUTTONS_PROVIDER_NAME`) and is `the service` by default, as listed here; a server started with another name accepts and shows that name instead.
+// PaymentMethod Who processes the payment, exactly as written. The first is the service's own processor: `the service` by default; a server started with another `-provider-name` takes and shows that name instead.
 type PaymentMethod string
 
-// PaymentType Exactly `one_time` or `subscription`.
+// PaymentType defines model for PaymentType.
 type PaymentType string
 
-// PreconditionFailedError An error whose `code` is `precondition_failed`.
-type PreconditionFailedError struct {
-	Code      PreconditionFailedErrorCode      `json:"code"`
-	Data      PreconditionFailedErrorData      `json:"data"`
-	IsSuccess PreconditionFailedErrorIsSuccess `json:"isSuccess"`
-
-	// Message For people; may change between versions.
-	Message string `json:"message"`
-}
-
-// PreconditionFailedErrorCode defines model for PreconditionFailedError.Code.
-type PreconditionFailedErrorCode string
-
-// PreconditionFailedErrorData defines model for PreconditionFailedError.Data.
-type PreconditionFailedErrorData string
-
-// PreconditionFailedErrorIsSuccess defines model for PreconditionFailedError.IsSuccess.
-type PreconditionFailedErrorIsSuccess bool
-
-// ProductName 1 to 250 characters once leading and trailing white space is trimmed (the trimmed text is stored), with at least one visible character; no control characters but in the white space trimmed.
+// ProductName 1 to 250 characters once leading and trailing white space is trimmed (the trimmed text is stored); no control characters.
 type ProductName = string
 
-// RateLimitedError An error whose `code` is `rate_limited`.
-type RateLimitedError struct {
-	Code      RateLimitedErrorCode      `json:"code"`
-	Data      RateLimitedErrorData      `json:"data"`
-	IsSuccess RateLimitedErrorIsSuccess `json:"isSuccess"`
-
-	// Message For people; may change between versions.
-	Message string `json:"message"`
-}
-
-// RateLimitedErrorCode defines model for RateLimitedError.Code.
-type RateLimitedErrorCode string
-
-// RateLimitedErrorData defines model for RateLimitedError.Data.
-type RateLimitedErrorData string
-
-// RateLimitedErrorIsSuccess defines model for RateLimitedError.IsSuccess.
-type RateLimitedErrorIsSuccess bool
-
-// RestoredResult The answer to a write that restored the button.
-type RestoredResult struct {
-	// Data `btn_` and 26 Crockford base32 characters: 48 bits of Unix milliseconds, then 80 random bits. Ids are unguessable and sort by creation time.
-	//
-	// Examples: btn_01KKNTQ2CN4TFF59TDWH9EDD1R
-	Data      ButtonId                `json:"data"`
-	IsSuccess RestoredResultIsSuccess `json:"isSuccess"`
-	Message   RestoredResultMessage   `json:"message"`
-}
-
-// RestoredResultIsSuccess defines model for RestoredResult.IsSuccess.
-type RestoredResultIsSuccess bool
-
-// RestoredResultMessage defines model for RestoredResult.Message.
-type RestoredResultMessage string
-
-// TextChange A text field's value before and after the change, as get shows it; `null` for none.
+// TextChange defines model for TextChange.
 type TextChange struct {
 	From *string `json:"from"`
 	To   *string `json:"to"`
@@ -1867,101 +784,29 @@ type TextChange struct {
 
 // Timestamp RFC 3339 in UTC, with milliseconds.
 //
-// Examples: 2026-03-14T09:26:53.589Z
+// Examples: 2026-11-24T17:04:49.429Z
 type Timestamp = time.Time
 
-// UnauthorizedError An error whose `code` is `unauthorized`.
-type UnauthorizedError struct {
-	Code      UnauthorizedErrorCode      `json:"code"`
-	Data      UnauthorizedErrorData      `json:"data"`
-	IsSuccess UnauthorizedErrorIsSuccess `json:"isSuccess"`
-
-	// Message For people; may change between versions.
-	Message string `json:"message"`
-}
-
-// UnauthorizedErrorCode defines model for UnauthorizedError.Code.
-type UnauthorizedErrorCode string
-
-// UnauthorizedErrorData defines model for UnauthorizedError.Data.
-type UnauthorizedErrorData string
-
-// UnauthorizedErrorIsSuccess defines model for UnauthorizedError.IsSuccess.
-type UnauthorizedErrorIsSuccess bool
-
-// UnavailableError An error whose `code` is `unavailable`.
-type UnavailableError struct {
-	Code      UnavailableErrorCode      `json:"code"`
-	Data      UnavailableErrorData      `json:"data"`
-	IsSuccess UnavailableErrorIsSuccess `json:"isSuccess"`
-
-	// Message For people; may change between versions.
-	Message string `json:"message"`
-}
-
-// UnavailableErrorCode defines model for UnavailableError.Code.
-type UnavailableErrorCode string
-
-// UnavailableErrorData defines model for UnavailableError.Data.
-type UnavailableErrorData string
-
-// UnavailableErrorIsSuccess defines model for UnavailableError.IsSuccess.
-type UnavailableErrorIsSuccess bool
-
-// UnsupportedMediaTypeError An error whose `code` is `unsupported_media_type`.
-type UnsupportedMediaTypeError struct {
-	Code      UnsupportedMediaTypeErrorCode      `json:"code"`
-	Data      UnsupportedMediaTypeErrorData      `json:"data"`
-	IsSuccess UnsupportedMediaTypeErrorIsSuccess `json:"isSuccess"`
-
-	// Message For people; may change between versions.
-	Message string `json:"message"`
-}
-
-// UnsupportedMediaTypeErrorCode defines model for UnsupportedMediaTypeError.Code.
-type UnsupportedMediaTypeErrorCode string
-
-// UnsupportedMediaTypeErrorData defines model for UnsupportedMediaTypeError.Data.
-type UnsupportedMediaTypeErrorData string
-
-// UnsupportedMediaTypeErrorIsSuccess defines model for UnsupportedMediaTypeError.IsSuccess.
-type UnsupportedMediaTypeErrorIsSuccess bool
-
-// UpdateButtonRequest The fields to change, with the rules of create. Fields left out stay as they are, and so do fields sent as `null`, but for `description`, which `null` clears. At least one field must be given and not `null`. `paymentMethod`, `paymentType`, `isLive` and `billingInterval` are fixed at create: naming them is a 400 "cannot be changed by update". The amount is checked in the currency the button will have after the update: a new currency without a new amount keeps the stored amount only if it fits the new currency. `ApplicationFeePercentage` only on a `StripeConnect` button. An update whose every value equals the stored one answers `unchanged` and changes nothing.
+// UpdateButtonRequest The fields to change, with the rules of create; at least one must be given. A field left out or `null` stays as it is, but `description`, which `null` or `""` clears. `metadata` merges key by key. `paymentMethod`, `paymentType`, `isLive` and `billingInterval` are fixed at create and cannot be changed by update. `ApplicationFeePercentage` only on a `StripeConnect` button. An update that changes no value answers `unchanged`.
 type UpdateButtonRequest struct {
+	// ApplicationFeePercentage The application fee in percent (note the capital A in `ApplicationFeePercentage`), a decimal in a JSON string: 0.01 to 100, at most 2 decimal places (trailing zeros are fine). Required with `StripeConnect`, refused with any other payment method (leave it out or send `null`). The server also reads a JSON number from its text, never through a float, but clients should send a string: this document declares strings only.
 	ApplicationFeePercentage *FeePercentage `json:"ApplicationFeePercentage,omitempty"`
-	Amount                   *Amount        `json:"amount,omitempty"`
-	Currency                 *Currency      `json:"currency,omitempty"`
+
+	// Amount An `Amount`, a string (the server also reads a JSON number).
+	Amount   *string `json:"amount,omitempty"`
+	Currency *string `json:"currency,omitempty"`
 
 	// Description Up to 5000 characters; tab, line feed and carriage return are the only control characters allowed. `null` or `""` means none.
 	Description *Description `json:"description,omitempty"`
 
-	// Metadata Your own string keys and values, as in Stripe. A string sets its key; `null` or `""` removes it (on create: leaves it out); keys not named stay as they are. `null` for the whole object changes nothing. A button holds at most 50 keys, counted after the change (so a body may name more keys when it removes some).
-	//
-	// Examples: {"orderRef":"A-17","team":"web"}
+	// Metadata Your own keys (1 to 40 of `A-Z a-z 0-9 _ . -`, `^[A-Za-z0-9_.-]{1,40}$`) to values (1 to 500 characters, no control characters), at most 50 keys a button. A string sets its key; `null` or `""` removes it (on create: leaves it out); on update, keys not named stay as they are.
 	Metadata    *MetadataInput `json:"metadata,omitempty"`
-	ProductName *ProductName   `json:"productName,omitempty"`
+	ProductName *string        `json:"productName,omitempty"`
 }
 
-// UpdatedResult The answer to a write that updated or unchanged the button.
-type UpdatedResult struct {
-	// Data `btn_` and 26 Crockford base32 characters: 48 bits of Unix milliseconds, then 80 random bits. Ids are unguessable and sort by creation time.
-	//
-	// Examples: btn_01KKNTQ2CN4TFF59TDWH9EDD1R
-	Data      ButtonId               `json:"data"`
-	IsSuccess UpdatedResultIsSuccess `json:"isSuccess"`
-	Message   UpdatedResultMessage   `json:"message"`
-}
-
-// UpdatedResultIsSuccess defines model for UpdatedResult.IsSuccess.
-type UpdatedResultIsSuccess bool
-
-// UpdatedResultMessage defines model for UpdatedResult.Message.
-type UpdatedResultMessage string
-
-// WriteResult The answer to a write: the button's id and what was done.
+// WriteResult The answer to a write: the button's id and what was done; create answers `created`, update `updated` or `unchanged`, delete `deleted`, restore `restored`.
 type WriteResult struct {
-	// Data `btn_` and 26 Crockford base32 characters: 48 bits of Unix milliseconds, then 80 random bits. Ids are unguessable and sort by creation time.
+	// Data `btn_` and 26 Crockford base32 characters: unguessable, and sorted by creation time.
 	//
 	// Examples: btn_01KKNTQ2CN4TFF59TDWH9EDD1R
 	Data      ButtonId             `json:"data"`
@@ -1975,13 +820,10 @@ type WriteResultIsSuccess bool
 // WriteResultMessage defines model for WriteResult.Message.
 type WriteResultMessage string
 
-// After `btn_` and 26 Crockford base32 characters: 48 bits of Unix milliseconds, then 80 random bits. Ids are unguessable and sort by creation time.
+// After `btn_` and 26 Crockford base32 characters: unguessable, and sorted by creation time.
 //
 // Examples: btn_01KKNTQ2CN4TFF59TDWH9EDD1R
 type After = ButtonId
-
-// ChangesLimit defines model for ChangesLimit.
-type ChangesLimit = int
 
 // HistoryAfter defines model for HistoryAfter.
 type HistoryAfter = int64
@@ -2001,206 +843,88 @@ type IsLive = bool
 // Limit defines model for Limit.
 type Limit = int
 
-// MetadataFilter defines model for MetadataFilter.
-type MetadataFilter map[string]MetadataValue
-
 // PathId defines model for PathId.
 type PathId = string
 
-// PaymentMethodFilter Who processes the payment, exactly as written (a wrong case gets a "did you mean"). The first value is the service's own processor: its name is set with `-provider-name` (or `PAYBUTTONS_PROVIDER_NAME`) and is `the service` by default, as listed here; a server started with another name accepts and shows that name instead.
-type PaymentMethodFilter = PaymentMethod
-
-// RequestId defines model for RequestId.
-type RequestId = string
-
-// Since defines model for Since.
-type Since = int64
+// PaymentMethodFilter defines model for PaymentMethodFilter.
+type PaymentMethodFilter = string
 
 // State defines model for State.
 type State string
 
-// ButtonCreated The answer to a write that created the button.
-type ButtonCreated = CreatedResult
-
-// ButtonDeleted The answer to a write that deleted the button.
-type ButtonDeleted = DeletedResult
-
 // ButtonFound One button.
 type ButtonFound = ButtonResult
-
-// ButtonRestored The answer to a write that restored the button.
-type ButtonRestored = RestoredResult
-
-// ButtonUpdated The answer to a write that updated or unchanged the button.
-type ButtonUpdated = UpdatedResult
 
 // ButtonsListed One page of buttons.
 type ButtonsListed = ButtonPageResult
 
-// ChangesFound The change feed.
-type ChangesFound = ChangesResult
+// Conflict Every error but `invalid_request`.
+type Conflict = ErrorEnvelope
 
-// Conflict An error whose `code` is `wrong_state` or `idempotency_in_flight`.
-type Conflict = ConflictError
+// Document defines model for Document.
+type Document = map[string]interface{}
 
-// Document An OpenAPI 3.1 document.
-type Document struct {
-	Info    map[string]interface{} `json:"info"`
-	Openapi string                 `json:"openapi"`
-	Paths   map[string]interface{} `json:"paths"`
-}
+// Forbidden Every error but `invalid_request`.
+type Forbidden = ErrorEnvelope
 
-// Forbidden An error whose `code` is `forbidden`.
-type Forbidden = ForbiddenError
-
-// HealthUnavailable An error whose `code` is `unavailable`.
-type HealthUnavailable = UnavailableError
-
-// Healthy The database answers.
+// Healthy `{"isSuccess":true,"data":"ok","message":"the database answers"}`
 type Healthy = HealthResult
 
 // HistoryFound One page of a button's history.
 type HistoryFound = HistoryResult
 
-// IdempotencyMismatch An error whose `code` is `idempotency_mismatch`.
-type IdempotencyMismatch = IdempotencyMismatchError
+// IdempotencyMismatch Every error but `invalid_request`.
+type IdempotencyMismatch = ErrorEnvelope
 
-// InFlight An error whose `code` is `idempotency_in_flight`.
-type InFlight = IdempotencyInFlightError
+// Internal Every error but `invalid_request`.
+type Internal = ErrorEnvelope
 
-// Internal An error whose `code` is `internal`.
-type Internal = InternalError
-
-// InvalidCreate A `400 invalid_request`: every problem in `errors`.
-type InvalidCreate = InvalidRequestEnvelope
-
-// InvalidHeader A `400 invalid_request`: every problem in `errors`.
-type InvalidHeader = InvalidRequestEnvelope
-
-// InvalidQuery A `400 invalid_request`: every problem in `errors`.
+// InvalidQuery defines model for InvalidQuery.
 type InvalidQuery = InvalidRequestEnvelope
 
-// InvalidUpdate A `400 invalid_request`: every problem in `errors`.
-type InvalidUpdate = InvalidRequestEnvelope
+// InvalidRequest defines model for InvalidRequest.
+type InvalidRequest = InvalidRequestEnvelope
 
-// MethodNotAllowed An error whose `code` is `method_not_allowed`.
-type MethodNotAllowed = MethodNotAllowedError
+// MethodNotAllowed Every error but `invalid_request`.
+type MethodNotAllowed = ErrorEnvelope
 
-// NoSuchPath An error whose `code` is `not_found`.
-type NoSuchPath = NotFoundError
+// NotFound Every error but `invalid_request`.
+type NotFound = ErrorEnvelope
 
-// NotFound An error whose `code` is `not_found`.
-type NotFound = NotFoundError
+// PayloadTooLarge Every error but `invalid_request`.
+type PayloadTooLarge = ErrorEnvelope
 
-// PayloadTooLarge An error whose `code` is `payload_too_large`.
-type PayloadTooLarge = PayloadTooLargeError
+// PreconditionFailed Every error but `invalid_request`.
+type PreconditionFailed = ErrorEnvelope
 
-// PreconditionFailed An error whose `code` is `precondition_failed`.
-type PreconditionFailed = PreconditionFailedError
+// RateLimited Every error but `invalid_request`.
+type RateLimited = ErrorEnvelope
 
-// RateLimited An error whose `code` is `rate_limited`.
-type RateLimited = RateLimitedError
+// Unauthorized Every error but `invalid_request`.
+type Unauthorized = ErrorEnvelope
 
-// Unauthorized An error whose `code` is `unauthorized`.
-type Unauthorized = UnauthorizedError
+// Unavailable Every error but `invalid_request`.
+type Unavailable = ErrorEnvelope
 
-// Unavailable An error whose `code` is `unavailable`.
-type Unavailable = UnavailableError
+// UnsupportedMediaType Every error but `invalid_request`.
+type UnsupportedMediaType = ErrorEnvelope
 
-// UnsupportedMediaType An error whose `code` is `unsupported_media_type`.
-type UnsupportedMediaType = UnsupportedMediaTypeError
-
-// GetHealthParams defines parameters for GetHealth.
-type GetHealthParams struct {
-	// XRequestId Your id for this request, echoed in the response's `X-Request-Id` and written in the log and in the button's history when it is 1 to 128 of `A-Z a-z 0-9 . _ : -`. Any other value is not refused: the service uses an id of its own instead.
-	XRequestId *RequestId `json:"X-Request-Id,omitempty"`
-}
-
-// HeadHealthParams defines parameters for HeadHealth.
-type HeadHealthParams struct {
-	// XRequestId Your id for this request, echoed in the response's `X-Request-Id` and written in the log and in the button's history when it is 1 to 128 of `A-Z a-z 0-9 . _ : -`. Any other value is not refused: the service uses an id of its own instead.
-	XRequestId *RequestId `json:"X-Request-Id,omitempty"`
-}
-
-// GetMetricsParams defines parameters for GetMetrics.
-type GetMetricsParams struct {
-	// XRequestId Your id for this request, echoed in the response's `X-Request-Id` and written in the log and in the button's history when it is 1 to 128 of `A-Z a-z 0-9 . _ : -`. Any other value is not refused: the service uses an id of its own instead.
-	XRequestId *RequestId `json:"X-Request-Id,omitempty"`
-}
-
-// HeadMetricsParams defines parameters for HeadMetrics.
-type HeadMetricsParams struct {
-	// XRequestId Your id for this request, echoed in the response's `X-Request-Id` and written in the log and in the button's history when it is 1 to 128 of `A-Z a-z 0-9 . _ : -`. Any other value is not refused: the service uses an id of its own instead.
-	XRequestId *RequestId `json:"X-Request-Id,omitempty"`
-}
-
-// GetOpenAPIDocumentParams defines parameters for GetOpenAPIDocument.
-type GetOpenAPIDocumentParams struct {
-	// XRequestId Your id for this request, echoed in the response's `X-Request-Id` and written in the log and in the button's history when it is 1 to 128 of `A-Z a-z 0-9 . _ : -`. Any other value is not refused: the service uses an id of its own instead.
-	XRequestId *RequestId `json:"X-Request-Id,omitempty"`
-}
-
-// HeadOpenAPIDocumentParams defines parameters for HeadOpenAPIDocument.
-type HeadOpenAPIDocumentParams struct {
-	// XRequestId Your id for this request, echoed in the response's `X-Request-Id` and written in the log and in the button's history when it is 1 to 128 of `A-Z a-z 0-9 . _ : -`. Any other value is not refused: the service uses an id of its own instead.
-	XRequestId *RequestId `json:"X-Request-Id,omitempty"`
-}
-
-// GetChangesParams defines parameters for GetChanges.
-type GetChangesParams struct {
-	// Since The `next` of the previous answer: only buttons changed after it. 0 (the default) for every button of the account. A whole number from 0 to 9007199254740991 (2^53 - 1).
-	Since *Since `form:"since,omitempty" json:"since,omitempty"`
-
-	// Limit At most this many buttons.
-	Limit *ChangesLimit `form:"limit,omitempty" json:"limit,omitempty"`
-
-	// XRequestId Your id for this request, echoed in the response's `X-Request-Id` and written in the log and in the button's history when it is 1 to 128 of `A-Z a-z 0-9 . _ : -`. Any other value is not refused: the service uses an id of its own instead.
-	XRequestId *RequestId `json:"X-Request-Id,omitempty"`
-}
-
-// HeadChangesParams defines parameters for HeadChanges.
-type HeadChangesParams struct {
-	// Since The `next` of the previous answer: only buttons changed after it. 0 (the default) for every button of the account. A whole number from 0 to 9007199254740991 (2^53 - 1).
-	Since *Since `form:"since,omitempty" json:"since,omitempty"`
-
-	// Limit At most this many buttons.
-	Limit *ChangesLimit `form:"limit,omitempty" json:"limit,omitempty"`
-
-	// XRequestId Your id for this request, echoed in the response's `X-Request-Id` and written in the log and in the button's history when it is 1 to 128 of `A-Z a-z 0-9 . _ : -`. Any other value is not refused: the service uses an id of its own instead.
-	XRequestId *RequestId `json:"X-Request-Id,omitempty"`
-}
+// Written The answer to a write: the button's id and what was done; create answers `created`, update `updated` or `unchanged`, delete `deleted`, restore `restored`.
+type Written = WriteResult
 
 // CreateButtonParams defines parameters for CreateButton.
 type CreateButtonParams struct {
-	// IdempotencyKey Makes a retry safe: the same key with the same request gets the first answer again, with `Idempotent-Replayed: true`, for 24 hours. Keys are per account. A value that is not 1 to 255 printable ASCII characters, or the header sent twice, is a 400 naming `Idempotency-Key`.
+	// IdempotencyKey Makes a retry safe: the same key with the same request gets the first answer again for 24 hours. 1 to 255 printable ASCII characters; keys are per account.
 	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
-
-	// XRequestId Your id for this request, echoed in the response's `X-Request-Id` and written in the log and in the button's history when it is 1 to 128 of `A-Z a-z 0-9 . _ : -`. Any other value is not refused: the service uses an id of its own instead.
-	XRequestId *RequestId `json:"X-Request-Id,omitempty"`
 }
 
 // DeleteButtonParams defines parameters for DeleteButton.
 type DeleteButtonParams struct {
-	// IfMatch The `ETag` that get or the last write sent: the version in double quotes, such as `"3"`. The change is applied only if the button still has that version, else `412 precondition_failed`. `*` or an empty value matches any version. Anything else (a bare number, a weak `W/` tag, a list) is a 400 naming `If-Match`. The quoted text is read as a Go string literal, so the pattern also admits the escapes of a digit.
+	// IfMatch The `ETag` of get or of the last write, `"<version>"` such as `"3"`, or `*` for any version. Any other form (a bare number, `W/"3"`, a list) is a 400.
 	IfMatch *IfMatch `json:"If-Match,omitempty"`
 
-	// IdempotencyKey Makes a retry safe: the same key with the same request gets the first answer again, with `Idempotent-Replayed: true`, for 24 hours. Keys are per account. A value that is not 1 to 255 printable ASCII characters, or the header sent twice, is a 400 naming `Idempotency-Key`.
+	// IdempotencyKey Makes a retry safe: the same key with the same request gets the first answer again for 24 hours. 1 to 255 printable ASCII characters; keys are per account.
 	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
-
-	// XRequestId Your id for this request, echoed in the response's `X-Request-Id` and written in the log and in the button's history when it is 1 to 128 of `A-Z a-z 0-9 . _ : -`. Any other value is not refused: the service uses an id of its own instead.
-	XRequestId *RequestId `json:"X-Request-Id,omitempty"`
-}
-
-// GetButtonParams defines parameters for GetButton.
-type GetButtonParams struct {
-	// XRequestId Your id for this request, echoed in the response's `X-Request-Id` and written in the log and in the button's history when it is 1 to 128 of `A-Z a-z 0-9 . _ : -`. Any other value is not refused: the service uses an id of its own instead.
-	XRequestId *RequestId `json:"X-Request-Id,omitempty"`
-}
-
-// HeadButtonParams defines parameters for HeadButton.
-type HeadButtonParams struct {
-	// XRequestId Your id for this request, echoed in the response's `X-Request-Id` and written in the log and in the button's history when it is 1 to 128 of `A-Z a-z 0-9 . _ : -`. Any other value is not refused: the service uses an id of its own instead.
-	XRequestId *RequestId `json:"X-Request-Id,omitempty"`
 }
 
 // GetButtonHistoryParams defines parameters for GetButtonHistory.
@@ -2208,23 +932,8 @@ type GetButtonHistoryParams struct {
 	// Limit Page size.
 	Limit *HistoryLimit `form:"limit,omitempty" json:"limit,omitempty"`
 
-	// After The `next` of the previous page: the page starts after this version. A whole number from 0 to 9007199254740991 (2^53 - 1).
+	// After The `next` of the previous page: the page starts after this version.
 	After *HistoryAfter `form:"after,omitempty" json:"after,omitempty"`
-
-	// XRequestId Your id for this request, echoed in the response's `X-Request-Id` and written in the log and in the button's history when it is 1 to 128 of `A-Z a-z 0-9 . _ : -`. Any other value is not refused: the service uses an id of its own instead.
-	XRequestId *RequestId `json:"X-Request-Id,omitempty"`
-}
-
-// HeadButtonHistoryParams defines parameters for HeadButtonHistory.
-type HeadButtonHistoryParams struct {
-	// Limit Page size.
-	Limit *HistoryLimit `form:"limit,omitempty" json:"limit,omitempty"`
-
-	// After The `next` of the previous page: the page starts after this version. A whole number from 0 to 9007199254740991 (2^53 - 1).
-	After *HistoryAfter `form:"after,omitempty" json:"after,omitempty"`
-
-	// XRequestId Your id for this request, echoed in the response's `X-Request-Id` and written in the log and in the button's history when it is 1 to 128 of `A-Z a-z 0-9 . _ : -`. Any other value is not refused: the service uses an id of its own instead.
-	XRequestId *RequestId `json:"X-Request-Id,omitempty"`
 }
 
 // ListButtonsParams defines parameters for ListButtons.
@@ -2235,7 +944,7 @@ type ListButtonsParams struct {
 	// After The `next` of the previous page: the page starts after this id.
 	After *After `form:"after,omitempty" json:"after,omitempty"`
 
-	// State Which buttons: `active` (the default), `deleted` or `all`.
+	// State Which buttons.
 	State *ListButtonsParamsState `form:"state,omitempty" json:"state,omitempty"`
 
 	// IsLive Only live (`true`) or only test (`false`) buttons; both when left out.
@@ -2243,66 +952,27 @@ type ListButtonsParams struct {
 
 	// PaymentMethod Only buttons with this payment method, written exactly as in `PaymentMethod`.
 	PaymentMethod *PaymentMethodFilter `form:"paymentMethod,omitempty" json:"paymentMethod,omitempty"`
-
-	// Metadata `metadata[KEY]=VALUE`: only buttons whose metadata holds exactly that value for that key. Several must all match; at most 50 in one request (more is a 400).
-	Metadata *MetadataFilter `json:"metadata,omitempty"`
-
-	// XRequestId Your id for this request, echoed in the response's `X-Request-Id` and written in the log and in the button's history when it is 1 to 128 of `A-Z a-z 0-9 . _ : -`. Any other value is not refused: the service uses an id of its own instead.
-	XRequestId *RequestId `json:"X-Request-Id,omitempty"`
 }
 
 // ListButtonsParamsState defines parameters for ListButtons.
 type ListButtonsParamsState string
 
-// HeadListButtonsParams defines parameters for HeadListButtons.
-type HeadListButtonsParams struct {
-	// Limit Page size.
-	Limit *Limit `form:"limit,omitempty" json:"limit,omitempty"`
-
-	// After The `next` of the previous page: the page starts after this id.
-	After *After `form:"after,omitempty" json:"after,omitempty"`
-
-	// State Which buttons: `active` (the default), `deleted` or `all`.
-	State *HeadListButtonsParamsState `form:"state,omitempty" json:"state,omitempty"`
-
-	// IsLive Only live (`true`) or only test (`false`) buttons; both when left out.
-	IsLive *IsLive `form:"isLive,omitempty" json:"isLive,omitempty"`
-
-	// PaymentMethod Only buttons with this payment method, written exactly as in `PaymentMethod`.
-	PaymentMethod *PaymentMethodFilter `form:"paymentMethod,omitempty" json:"paymentMethod,omitempty"`
-
-	// Metadata `metadata[KEY]=VALUE`: only buttons whose metadata holds exactly that value for that key. Several must all match; at most 50 in one request (more is a 400).
-	Metadata *MetadataFilter `json:"metadata,omitempty"`
-
-	// XRequestId Your id for this request, echoed in the response's `X-Request-Id` and written in the log and in the button's history when it is 1 to 128 of `A-Z a-z 0-9 . _ : -`. Any other value is not refused: the service uses an id of its own instead.
-	XRequestId *RequestId `json:"X-Request-Id,omitempty"`
-}
-
-// HeadListButtonsParamsState defines parameters for HeadListButtons.
-type HeadListButtonsParamsState string
-
 // RestoreButtonParams defines parameters for RestoreButton.
 type RestoreButtonParams struct {
-	// IfMatch The `ETag` that get or the last write sent: the version in double quotes, such as `"3"`. The change is applied only if the button still has that version, else `412 precondition_failed`. `*` or an empty value matches any version. Anything else (a bare number, a weak `W/` tag, a list) is a 400 naming `If-Match`. The quoted text is read as a Go string literal, so the pattern also admits the escapes of a digit.
+	// IfMatch The `ETag` of get or of the last write, `"<version>"` such as `"3"`, or `*` for any version. Any other form (a bare number, `W/"3"`, a list) is a 400.
 	IfMatch *IfMatch `json:"If-Match,omitempty"`
 
-	// IdempotencyKey Makes a retry safe: the same key with the same request gets the first answer again, with `Idempotent-Replayed: true`, for 24 hours. Keys are per account. A value that is not 1 to 255 printable ASCII characters, or the header sent twice, is a 400 naming `Idempotency-Key`.
+	// IdempotencyKey Makes a retry safe: the same key with the same request gets the first answer again for 24 hours. 1 to 255 printable ASCII characters; keys are per account.
 	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
-
-	// XRequestId Your id for this request, echoed in the response's `X-Request-Id` and written in the log and in the button's history when it is 1 to 128 of `A-Z a-z 0-9 . _ : -`. Any other value is not refused: the service uses an id of its own instead.
-	XRequestId *RequestId `json:"X-Request-Id,omitempty"`
 }
 
 // UpdateButtonParams defines parameters for UpdateButton.
 type UpdateButtonParams struct {
-	// IfMatch The `ETag` that get or the last write sent: the version in double quotes, such as `"3"`. The change is applied only if the button still has that version, else `412 precondition_failed`. `*` or an empty value matches any version. Anything else (a bare number, a weak `W/` tag, a list) is a 400 naming `If-Match`. The quoted text is read as a Go string literal, so the pattern also admits the escapes of a digit.
+	// IfMatch The `ETag` of get or of the last write, `"<version>"` such as `"3"`, or `*` for any version. Any other form (a bare number, `W/"3"`, a list) is a 400.
 	IfMatch *IfMatch `json:"If-Match,omitempty"`
 
-	// IdempotencyKey Makes a retry safe: the same key with the same request gets the first answer again, with `Idempotent-Replayed: true`, for 24 hours. Keys are per account. A value that is not 1 to 255 printable ASCII characters, or the header sent twice, is a 400 naming `Idempotency-Key`.
+	// IdempotencyKey Makes a retry safe: the same key with the same request gets the first answer again for 24 hours. 1 to 255 printable ASCII characters; keys are per account.
 	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
-
-	// XRequestId Your id for this request, echoed in the response's `X-Request-Id` and written in the log and in the button's history when it is 1 to 128 of `A-Z a-z 0-9 . _ : -`. Any other value is not refused: the service uses an id of its own instead.
-	XRequestId *RequestId `json:"X-Request-Id,omitempty"`
 }
 
 // CreateButtonJSONRequestBody defines body for CreateButton for application/json ContentType.
@@ -2336,84 +1006,12 @@ func (a *HistoryChanges) UnmarshalJSON(b []byte) error {
 		return err
 	}
 
-	if raw, found := object["ApplicationFeePercentage"]; found {
-		err = json.Unmarshal(raw, &a.ApplicationFeePercentage)
-		if err != nil {
-			return fmt.Errorf("error reading 'ApplicationFeePercentage': %w", err)
-		}
-		delete(object, "ApplicationFeePercentage")
-	}
-
-	if raw, found := object["amount"]; found {
-		err = json.Unmarshal(raw, &a.Amount)
-		if err != nil {
-			return fmt.Errorf("error reading 'amount': %w", err)
-		}
-		delete(object, "amount")
-	}
-
-	if raw, found := object["billingInterval"]; found {
-		err = json.Unmarshal(raw, &a.BillingInterval)
-		if err != nil {
-			return fmt.Errorf("error reading 'billingInterval': %w", err)
-		}
-		delete(object, "billingInterval")
-	}
-
-	if raw, found := object["currency"]; found {
-		err = json.Unmarshal(raw, &a.Currency)
-		if err != nil {
-			return fmt.Errorf("error reading 'currency': %w", err)
-		}
-		delete(object, "currency")
-	}
-
-	if raw, found := object["description"]; found {
-		err = json.Unmarshal(raw, &a.Description)
-		if err != nil {
-			return fmt.Errorf("error reading 'description': %w", err)
-		}
-		delete(object, "description")
-	}
-
 	if raw, found := object["isLive"]; found {
 		err = json.Unmarshal(raw, &a.IsLive)
 		if err != nil {
 			return fmt.Errorf("error reading 'isLive': %w", err)
 		}
 		delete(object, "isLive")
-	}
-
-	if raw, found := object["paymentMethod"]; found {
-		err = json.Unmarshal(raw, &a.PaymentMethod)
-		if err != nil {
-			return fmt.Errorf("error reading 'paymentMethod': %w", err)
-		}
-		delete(object, "paymentMethod")
-	}
-
-	if raw, found := object["paymentType"]; found {
-		err = json.Unmarshal(raw, &a.PaymentType)
-		if err != nil {
-			return fmt.Errorf("error reading 'paymentType': %w", err)
-		}
-		delete(object, "paymentType")
-	}
-
-	if raw, found := object["productName"]; found {
-		err = json.Unmarshal(raw, &a.ProductName)
-		if err != nil {
-			return fmt.Errorf("error reading 'productName': %w", err)
-		}
-		delete(object, "productName")
-	}
-
-	if raw, found := object["state"]; found {
-		err = json.Unmarshal(raw, &a.State)
-		if err != nil {
-			return fmt.Errorf("error reading 'state': %w", err)
-		}
-		delete(object, "state")
 	}
 
 	if len(object) != 0 {
@@ -2435,73 +1033,10 @@ func (a HistoryChanges) MarshalJSON() ([]byte, error) {
 	var err error
 	object := make(map[string]json.RawMessage)
 
-	if a.ApplicationFeePercentage != nil {
-		object["ApplicationFeePercentage"], err = json.Marshal(a.ApplicationFeePercentage)
-		if err != nil {
-			return nil, fmt.Errorf("error marshaling 'ApplicationFeePercentage': %w", err)
-		}
-	}
-
-	if a.Amount != nil {
-		object["amount"], err = json.Marshal(a.Amount)
-		if err != nil {
-			return nil, fmt.Errorf("error marshaling 'amount': %w", err)
-		}
-	}
-
-	if a.BillingInterval != nil {
-		object["billingInterval"], err = json.Marshal(a.BillingInterval)
-		if err != nil {
-			return nil, fmt.Errorf("error marshaling 'billingInterval': %w", err)
-		}
-	}
-
-	if a.Currency != nil {
-		object["currency"], err = json.Marshal(a.Currency)
-		if err != nil {
-			return nil, fmt.Errorf("error marshaling 'currency': %w", err)
-		}
-	}
-
-	if a.Description != nil {
-		object["description"], err = json.Marshal(a.Description)
-		if err != nil {
-			return nil, fmt.Errorf("error marshaling 'description': %w", err)
-		}
-	}
-
 	if a.IsLive != nil {
 		object["isLive"], err = json.Marshal(a.IsLive)
 		if err != nil {
 			return nil, fmt.Errorf("error marshaling 'isLive': %w", err)
-		}
-	}
-
-	if a.PaymentMethod != nil {
-		object["paymentMethod"], err = json.Marshal(a.PaymentMethod)
-		if err != nil {
-			return nil, fmt.Errorf("error marshaling 'paymentMethod': %w", err)
-		}
-	}
-
-	if a.PaymentType != nil {
-		object["paymentType"], err = json.Marshal(a.PaymentType)
-		if err != nil {
-			return nil, fmt.Errorf("error marshaling 'paymentType': %w", err)
-		}
-	}
-
-	if a.ProductName != nil {
-		object["productName"], err = json.Marshal(a.ProductName)
-		if err != nil {
-			return nil, fmt.Errorf("error marshaling 'productName': %w", err)
-		}
-	}
-
-	if a.State != nil {
-		object["state"], err = json.Marshal(a.State)
-		if err != nil {
-			return nil, fmt.Errorf("error marshaling 'state': %w", err)
 		}
 	}
 
@@ -2590,63 +1125,21 @@ type ClientInterface interface {
 
 	// GetHealth Health check
 	//
-	// 200 when the database answers a query, 503 when it does not or refuses writes. Needs no key and is not rate-limited.
+	// 200 when the database answers a query, else 503. Needs no key and is not rate-limited.
 	//
 	// Corresponds with GET /healthz (the `GetHealth` operationId).
-	GetHealth(ctx context.Context, params *GetHealthParams, reqEditors ...RequestEditorFn) (*http.Response, error)
-
-	// HeadHealth Health check, headers only
-	//
-	// As the GET of this path, with the same status and headers and no body.
-	//
-	// Corresponds with HEAD /healthz (the `HeadHealth` operationId).
-	HeadHealth(ctx context.Context, params *HeadHealthParams, reqEditors ...RequestEditorFn) (*http.Response, error)
-
-	// GetMetrics Metrics
-	//
-	// Counters and histograms for Prometheus. Needs no key. A server started with `-metrics=false` answers 404 here.
-	//
-	// Corresponds with GET /metrics (the `GetMetrics` operationId).
-	GetMetrics(ctx context.Context, params *GetMetricsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
-
-	// HeadMetrics Metrics, headers only
-	//
-	// As the GET of this path, with the same status and headers and no body.
-	//
-	// Corresponds with HEAD /metrics (the `HeadMetrics` operationId).
-	HeadMetrics(ctx context.Context, params *HeadMetricsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+	GetHealth(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetOpenAPIDocument This document
 	//
-	// The OpenAPI 3.1 description of the API, exactly as the service embeds it. Needs no key.
+	// The OpenAPI 3.1 description of the API, as the service embeds it. Needs no key.
 	//
 	// Corresponds with GET /openapi.json (the `GetOpenAPIDocument` operationId).
-	GetOpenAPIDocument(ctx context.Context, params *GetOpenAPIDocumentParams, reqEditors ...RequestEditorFn) (*http.Response, error)
-
-	// HeadOpenAPIDocument This document, headers only
-	//
-	// As the GET of this path, with the same status and headers and no body.
-	//
-	// Corresponds with HEAD /openapi.json (the `HeadOpenAPIDocument` operationId).
-	HeadOpenAPIDocument(ctx context.Context, params *HeadOpenAPIDocumentParams, reqEditors ...RequestEditorFn) (*http.Response, error)
-
-	// GetChanges Follow the account's changes
-	//
-	// The change feed: the account's buttons changed after `since`, each once as it is now, in the order of their last change. Store `next` and ask again with it as `since`: you see every later change and miss none. A sync job asks again every few seconds. There is no `wait` parameter: like any parameter not listed here, it is a 400.
-	//
-	// Corresponds with GET /product-payment/changes (the `GetChanges` operationId).
-	GetChanges(ctx context.Context, params *GetChangesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
-
-	// HeadChanges Follow the account's changes, headers only
-	//
-	// As the GET of this path, with the same status and headers and no body.
-	//
-	// Corresponds with HEAD /product-payment/changes (the `HeadChanges` operationId).
-	HeadChanges(ctx context.Context, params *HeadChangesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+	GetOpenAPIDocument(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// CreateButtonWithBody Create a button
 	//
-	// Stores a new button for the key's account and answers with its id. Every failing field is reported at once.
+	// Stores a new button for the key's account and answers with its id.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -2655,7 +1148,7 @@ type ClientInterface interface {
 
 	// CreateButton Create a button
 	//
-	// Stores a new button for the key's account and answers with its id. Every failing field is reported at once.
+	// Stores a new button for the key's account and answers with its id.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -2664,7 +1157,7 @@ type ClientInterface interface {
 
 	// DeleteButton Delete a button
 	//
-	// Marks an active button deleted. The button is kept: it can still be read, listed with `state=deleted` and restored. No body is read.
+	// Marks an active button deleted. It is kept: it can still be read, listed with `state=deleted` and restored. No body is read.
 	//
 	// Corresponds with DELETE /product-payment/delete/{id} (the `DeleteButton` operationId).
 	DeleteButton(ctx context.Context, id PathId, params *DeleteButtonParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2674,42 +1167,21 @@ type ClientInterface interface {
 	// The button with its current `version`, also sent as `ETag`. Deleted buttons are shown too.
 	//
 	// Corresponds with GET /product-payment/get/{id} (the `GetButton` operationId).
-	GetButton(ctx context.Context, id PathId, params *GetButtonParams, reqEditors ...RequestEditorFn) (*http.Response, error)
-
-	// HeadButton Check a button's version
-	//
-	// The status and headers get would answer, without the body: a cheap way to read a button's `version` from `ETag`.
-	//
-	// Corresponds with HEAD /product-payment/get/{id} (the `HeadButton` operationId).
-	HeadButton(ctx context.Context, id PathId, params *HeadButtonParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+	GetButton(ctx context.Context, id PathId, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetButtonHistory Read a button's history
 	//
-	// Every change ever made to the button, oldest first, a page at a time, with the key and request that made it. Refused requests and `unchanged` updates leave no entry.
+	// Every change made to the button, oldest first, a page at a time, with the key and request that made it. Refused requests and `unchanged` updates leave no entry.
 	//
 	// Corresponds with GET /product-payment/history/{id} (the `GetButtonHistory` operationId).
 	GetButtonHistory(ctx context.Context, id PathId, params *GetButtonHistoryParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// HeadButtonHistory Read a button's history, headers only
-	//
-	// As the GET of this path, with the same status and headers and no body.
-	//
-	// Corresponds with HEAD /product-payment/history/{id} (the `HeadButtonHistory` operationId).
-	HeadButtonHistory(ctx context.Context, id PathId, params *HeadButtonHistoryParams, reqEditors ...RequestEditorFn) (*http.Response, error)
-
 	// ListButtons List buttons
 	//
-	// The account's buttons, newest first, a page at a time: pass the `next` of a page as the `after` of the next request. Buttons created while paging never make a page repeat or skip one. The filters all apply together.
+	// The account's buttons, newest first, a page at a time: pass a page's `next` as the next request's `after`. The filters all apply together.
 	//
 	// Corresponds with GET /product-payment/list (the `ListButtons` operationId).
 	ListButtons(ctx context.Context, params *ListButtonsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
-
-	// HeadListButtons List buttons, headers only
-	//
-	// As the GET of this path, with the same status and headers and no body.
-	//
-	// Corresponds with HEAD /product-payment/list (the `HeadListButtons` operationId).
-	HeadListButtons(ctx context.Context, params *HeadListButtonsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// RestoreButton Restore a deleted button
 	//
@@ -2739,62 +1211,11 @@ type ClientInterface interface {
 
 // GetHealth Health check
 //
-// 200 when the database answers a query, 503 when it does not or refuses writes. Needs no key and is not rate-limited.
+// 200 when the database answers a query, else 503. Needs no key and is not rate-limited.
 //
 // Corresponds with GET /healthz (the `GetHealth` operationId).
-func (c *Client) GetHealth(ctx context.Context, params *GetHealthParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetHealthRequest(c.Server, params)
-	if err != nil {
-		return nil, err
-	}
-	req = req.WithContext(ctx)
-	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
-		return nil, err
-	}
-	return c.Client.Do(req)
-}
-
-// HeadHealth Health check, headers only
-//
-// As the GET of this path, with the same status and headers and no body.
-//
-// Corresponds with HEAD /healthz (the `HeadHealth` operationId).
-func (c *Client) HeadHealth(ctx context.Context, params *HeadHealthParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewHeadHealthRequest(c.Server, params)
-	if err != nil {
-		return nil, err
-	}
-	req = req.WithContext(ctx)
-	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
-		return nil, err
-	}
-	return c.Client.Do(req)
-}
-
-// GetMetrics Metrics
-//
-// Counters and histograms for Prometheus. Needs no key. A server started with `-metrics=false` answers 404 here.
-//
-// Corresponds with GET /metrics (the `GetMetrics` operationId).
-func (c *Client) GetMetrics(ctx context.Context, params *GetMetricsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetMetricsRequest(c.Server, params)
-	if err != nil {
-		return nil, err
-	}
-	req = req.WithContext(ctx)
-	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
-		return nil, err
-	}
-	return c.Client.Do(req)
-}
-
-// HeadMetrics Metrics, headers only
-//
-// As the GET of this path, with the same status and headers and no body.
-//
-// Corresponds with HEAD /metrics (the `HeadMetrics` operationId).
-func (c *Client) HeadMetrics(ctx context.Context, params *HeadMetricsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewHeadMetricsRequest(c.Server, params)
+func (c *Client) GetHealth(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetHealthRequest(c.Server)
 	if err != nil {
 		return nil, err
 	}
@@ -2807,62 +1228,11 @@ func (c *Client) HeadMetrics(ctx context.Context, params *HeadMetricsParams, req
 
 // GetOpenAPIDocument This document
 //
-// The OpenAPI 3.1 description of the API, exactly as the service embeds it. Needs no key.
+// The OpenAPI 3.1 description of the API, as the service embeds it. Needs no key.
 //
 // Corresponds with GET /openapi.json (the `GetOpenAPIDocument` operationId).
-func (c *Client) GetOpenAPIDocument(ctx context.Context, params *GetOpenAPIDocumentParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetOpenAPIDocumentRequest(c.Server, params)
-	if err != nil {
-		return nil, err
-	}
-	req = req.WithContext(ctx)
-	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
-		return nil, err
-	}
-	return c.Client.Do(req)
-}
-
-// HeadOpenAPIDocument This document, headers only
-//
-// As the GET of this path, with the same status and headers and no body.
-//
-// Corresponds with HEAD /openapi.json (the `HeadOpenAPIDocument` operationId).
-func (c *Client) HeadOpenAPIDocument(ctx context.Context, params *HeadOpenAPIDocumentParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewHeadOpenAPIDocumentRequest(c.Server, params)
-	if err != nil {
-		return nil, err
-	}
-	req = req.WithContext(ctx)
-	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
-		return nil, err
-	}
-	return c.Client.Do(req)
-}
-
-// GetChanges Follow the account's changes
-//
-// The change feed: the account's buttons changed after `since`, each once as it is now, in the order of their last change. Store `next` and ask again with it as `since`: you see every later change and miss none. A sync job asks again every few seconds. There is no `wait` parameter: like any parameter not listed here, it is a 400.
-//
-// Corresponds with GET /product-payment/changes (the `GetChanges` operationId).
-func (c *Client) GetChanges(ctx context.Context, params *GetChangesParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetChangesRequest(c.Server, params)
-	if err != nil {
-		return nil, err
-	}
-	req = req.WithContext(ctx)
-	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
-		return nil, err
-	}
-	return c.Client.Do(req)
-}
-
-// HeadChanges Follow the account's changes, headers only
-//
-// As the GET of this path, with the same status and headers and no body.
-//
-// Corresponds with HEAD /product-payment/changes (the `HeadChanges` operationId).
-func (c *Client) HeadChanges(ctx context.Context, params *HeadChangesParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewHeadChangesRequest(c.Server, params)
+func (c *Client) GetOpenAPIDocument(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetOpenAPIDocumentRequest(c.Server)
 	if err != nil {
 		return nil, err
 	}
@@ -2875,7 +1245,7 @@ func (c *Client) HeadChanges(ctx context.Context, params *HeadChangesParams, req
 
 // CreateButtonWithBody Create a button
 //
-// Stores a new button for the key's account and answers with its id. Every failing field is reported at once.
+// Stores a new button for the key's account and answers with its id.
 //
 // Takes any type of body and a specified content type.
 //
@@ -2894,7 +1264,7 @@ func (c *Client) CreateButtonWithBody(ctx context.Context, params *CreateButtonP
 
 // CreateButton Create a button
 //
-// Stores a new button for the key's account and answers with its id. Every failing field is reported at once.
+// Stores a new button for the key's account and answers with its id.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -2913,7 +1283,7 @@ func (c *Client) CreateButton(ctx context.Context, params *CreateButtonParams, b
 
 // DeleteButton Delete a button
 //
-// Marks an active button deleted. The button is kept: it can still be read, listed with `state=deleted` and restored. No body is read.
+// Marks an active button deleted. It is kept: it can still be read, listed with `state=deleted` and restored. No body is read.
 //
 // Corresponds with DELETE /product-payment/delete/{id} (the `DeleteButton` operationId).
 func (c *Client) DeleteButton(ctx context.Context, id PathId, params *DeleteButtonParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -2933,25 +1303,8 @@ func (c *Client) DeleteButton(ctx context.Context, id PathId, params *DeleteButt
 // The button with its current `version`, also sent as `ETag`. Deleted buttons are shown too.
 //
 // Corresponds with GET /product-payment/get/{id} (the `GetButton` operationId).
-func (c *Client) GetButton(ctx context.Context, id PathId, params *GetButtonParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetButtonRequest(c.Server, id, params)
-	if err != nil {
-		return nil, err
-	}
-	req = req.WithContext(ctx)
-	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
-		return nil, err
-	}
-	return c.Client.Do(req)
-}
-
-// HeadButton Check a button's version
-//
-// The status and headers get would answer, without the body: a cheap way to read a button's `version` from `ETag`.
-//
-// Corresponds with HEAD /product-payment/get/{id} (the `HeadButton` operationId).
-func (c *Client) HeadButton(ctx context.Context, id PathId, params *HeadButtonParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewHeadButtonRequest(c.Server, id, params)
+func (c *Client) GetButton(ctx context.Context, id PathId, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetButtonRequest(c.Server, id)
 	if err != nil {
 		return nil, err
 	}
@@ -2964,7 +1317,7 @@ func (c *Client) HeadButton(ctx context.Context, id PathId, params *HeadButtonPa
 
 // GetButtonHistory Read a button's history
 //
-// Every change ever made to the button, oldest first, a page at a time, with the key and request that made it. Refused requests and `unchanged` updates leave no entry.
+// Every change made to the button, oldest first, a page at a time, with the key and request that made it. Refused requests and `unchanged` updates leave no entry.
 //
 // Corresponds with GET /product-payment/history/{id} (the `GetButtonHistory` operationId).
 func (c *Client) GetButtonHistory(ctx context.Context, id PathId, params *GetButtonHistoryParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -2979,47 +1332,13 @@ func (c *Client) GetButtonHistory(ctx context.Context, id PathId, params *GetBut
 	return c.Client.Do(req)
 }
 
-// HeadButtonHistory Read a button's history, headers only
-//
-// As the GET of this path, with the same status and headers and no body.
-//
-// Corresponds with HEAD /product-payment/history/{id} (the `HeadButtonHistory` operationId).
-func (c *Client) HeadButtonHistory(ctx context.Context, id PathId, params *HeadButtonHistoryParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewHeadButtonHistoryRequest(c.Server, id, params)
-	if err != nil {
-		return nil, err
-	}
-	req = req.WithContext(ctx)
-	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
-		return nil, err
-	}
-	return c.Client.Do(req)
-}
-
 // ListButtons List buttons
 //
-// The account's buttons, newest first, a page at a time: pass the `next` of a page as the `after` of the next request. Buttons created while paging never make a page repeat or skip one. The filters all apply together.
+// The account's buttons, newest first, a page at a time: pass a page's `next` as the next request's `after`. The filters all apply together.
 //
 // Corresponds with GET /product-payment/list (the `ListButtons` operationId).
 func (c *Client) ListButtons(ctx context.Context, params *ListButtonsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewListButtonsRequest(c.Server, params)
-	if err != nil {
-		return nil, err
-	}
-	req = req.WithContext(ctx)
-	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
-		return nil, err
-	}
-	return c.Client.Do(req)
-}
-
-// HeadListButtons List buttons, headers only
-//
-// As the GET of this path, with the same status and headers and no body.
-//
-// Corresponds with HEAD /product-payment/list (the `HeadListButtons` operationId).
-func (c *Client) HeadListButtons(ctx context.Context, params *HeadListButtonsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewHeadListButtonsRequest(c.Server, params)
 	if err != nil {
 		return nil, err
 	}
@@ -3086,7 +1405,7 @@ func (c *Client) UpdateButton(ctx context.Context, id PathId, params *UpdateButt
 }
 
 // NewGetHealthRequest constructs an http.Request for the GetHealth method
-func NewGetHealthRequest(server string, params *GetHealthParams) (*http.Request, error) {
+func NewGetHealthRequest(server string) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -3107,154 +1426,13 @@ func NewGetHealthRequest(server string, params *GetHealthParams) (*http.Request,
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
 	if err != nil {
 		return nil, err
-	}
-
-	if params != nil {
-
-		if params.XRequestId != nil {
-			var headerParam0 string
-
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("X-Request-Id", headerParam0)
-		}
-
-	}
-
-	return req, nil
-}
-
-// NewHeadHealthRequest constructs an http.Request for the HeadHealth method
-func NewHeadHealthRequest(server string, params *HeadHealthParams) (*http.Request, error) {
-	var err error
-
-	serverURL, err := url.Parse(server)
-	if err != nil {
-		return nil, err
-	}
-
-	operationPath := fmt.Sprintf("/healthz")
-	if operationPath[0] == '/' {
-		operationPath = "." + operationPath
-	}
-
-	queryURL, err := serverURL.Parse(operationPath)
-	if err != nil {
-		return nil, err
-	}
-
-	req, err := http.NewRequest(http.MethodHead, queryURL.String(), nil)
-	if err != nil {
-		return nil, err
-	}
-
-	if params != nil {
-
-		if params.XRequestId != nil {
-			var headerParam0 string
-
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("X-Request-Id", headerParam0)
-		}
-
-	}
-
-	return req, nil
-}
-
-// NewGetMetricsRequest constructs an http.Request for the GetMetrics method
-func NewGetMetricsRequest(server string, params *GetMetricsParams) (*http.Request, error) {
-	var err error
-
-	serverURL, err := url.Parse(server)
-	if err != nil {
-		return nil, err
-	}
-
-	operationPath := fmt.Sprintf("/metrics")
-	if operationPath[0] == '/' {
-		operationPath = "." + operationPath
-	}
-
-	queryURL, err := serverURL.Parse(operationPath)
-	if err != nil {
-		return nil, err
-	}
-
-	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
-	if err != nil {
-		return nil, err
-	}
-
-	if params != nil {
-
-		if params.XRequestId != nil {
-			var headerParam0 string
-
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("X-Request-Id", headerParam0)
-		}
-
-	}
-
-	return req, nil
-}
-
-// NewHeadMetricsRequest constructs an http.Request for the HeadMetrics method
-func NewHeadMetricsRequest(server string, params *HeadMetricsParams) (*http.Request, error) {
-	var err error
-
-	serverURL, err := url.Parse(server)
-	if err != nil {
-		return nil, err
-	}
-
-	operationPath := fmt.Sprintf("/metrics")
-	if operationPath[0] == '/' {
-		operationPath = "." + operationPath
-	}
-
-	queryURL, err := serverURL.Parse(operationPath)
-	if err != nil {
-		return nil, err
-	}
-
-	req, err := http.NewRequest(http.MethodHead, queryURL.String(), nil)
-	if err != nil {
-		return nil, err
-	}
-
-	if params != nil {
-
-		if params.XRequestId != nil {
-			var headerParam0 string
-
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("X-Request-Id", headerParam0)
-		}
-
 	}
 
 	return req, nil
 }
 
 // NewGetOpenAPIDocumentRequest constructs an http.Request for the GetOpenAPIDocument method
-func NewGetOpenAPIDocumentRequest(server string, params *GetOpenAPIDocumentParams) (*http.Request, error) {
+func NewGetOpenAPIDocumentRequest(server string) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -3275,225 +1453,6 @@ func NewGetOpenAPIDocumentRequest(server string, params *GetOpenAPIDocumentParam
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
 	if err != nil {
 		return nil, err
-	}
-
-	if params != nil {
-
-		if params.XRequestId != nil {
-			var headerParam0 string
-
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("X-Request-Id", headerParam0)
-		}
-
-	}
-
-	return req, nil
-}
-
-// NewHeadOpenAPIDocumentRequest constructs an http.Request for the HeadOpenAPIDocument method
-func NewHeadOpenAPIDocumentRequest(server string, params *HeadOpenAPIDocumentParams) (*http.Request, error) {
-	var err error
-
-	serverURL, err := url.Parse(server)
-	if err != nil {
-		return nil, err
-	}
-
-	operationPath := fmt.Sprintf("/openapi.json")
-	if operationPath[0] == '/' {
-		operationPath = "." + operationPath
-	}
-
-	queryURL, err := serverURL.Parse(operationPath)
-	if err != nil {
-		return nil, err
-	}
-
-	req, err := http.NewRequest(http.MethodHead, queryURL.String(), nil)
-	if err != nil {
-		return nil, err
-	}
-
-	if params != nil {
-
-		if params.XRequestId != nil {
-			var headerParam0 string
-
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("X-Request-Id", headerParam0)
-		}
-
-	}
-
-	return req, nil
-}
-
-// NewGetChangesRequest constructs an http.Request for the GetChanges method
-func NewGetChangesRequest(server string, params *GetChangesParams) (*http.Request, error) {
-	var err error
-
-	serverURL, err := url.Parse(server)
-	if err != nil {
-		return nil, err
-	}
-
-	operationPath := fmt.Sprintf("/product-payment/changes")
-	if operationPath[0] == '/' {
-		operationPath = "." + operationPath
-	}
-
-	queryURL, err := serverURL.Parse(operationPath)
-	if err != nil {
-		return nil, err
-	}
-
-	if params != nil {
-		// queryValues collects non-styled parameters (passthrough, JSON)
-		// that are safe to round-trip through url.Values.Encode().
-		queryValues := queryURL.Query()
-		// rawQueryFragments collects pre-encoded query fragments from
-		// styled parameters, preserving literal commas as delimiters
-		// per the OpenAPI spec (e.g. "color=blue,black,brown").
-		var rawQueryFragments []string
-
-		if params.Since != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "since", *params.Since, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: "int64"}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
-			}
-
-		}
-
-		if params.Limit != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
-			}
-
-		}
-
-		if encoded := queryValues.Encode(); encoded != "" {
-			rawQueryFragments = append(rawQueryFragments, encoded)
-		}
-		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
-	}
-
-	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
-	if err != nil {
-		return nil, err
-	}
-
-	if params != nil {
-
-		if params.XRequestId != nil {
-			var headerParam0 string
-
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("X-Request-Id", headerParam0)
-		}
-
-	}
-
-	return req, nil
-}
-
-// NewHeadChangesRequest constructs an http.Request for the HeadChanges method
-func NewHeadChangesRequest(server string, params *HeadChangesParams) (*http.Request, error) {
-	var err error
-
-	serverURL, err := url.Parse(server)
-	if err != nil {
-		return nil, err
-	}
-
-	operationPath := fmt.Sprintf("/product-payment/changes")
-	if operationPath[0] == '/' {
-		operationPath = "." + operationPath
-	}
-
-	queryURL, err := serverURL.Parse(operationPath)
-	if err != nil {
-		return nil, err
-	}
-
-	if params != nil {
-		// queryValues collects non-styled parameters (passthrough, JSON)
-		// that are safe to round-trip through url.Values.Encode().
-		queryValues := queryURL.Query()
-		// rawQueryFragments collects pre-encoded query fragments from
-		// styled parameters, preserving literal commas as delimiters
-		// per the OpenAPI spec (e.g. "color=blue,black,brown").
-		var rawQueryFragments []string
-
-		if params.Since != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "since", *params.Since, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: "int64"}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
-			}
-
-		}
-
-		if params.Limit != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
-			}
-
-		}
-
-		if encoded := queryValues.Encode(); encoded != "" {
-			rawQueryFragments = append(rawQueryFragments, encoded)
-		}
-		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
-	}
-
-	req, err := http.NewRequest(http.MethodHead, queryURL.String(), nil)
-	if err != nil {
-		return nil, err
-	}
-
-	if params != nil {
-
-		if params.XRequestId != nil {
-			var headerParam0 string
-
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("X-Request-Id", headerParam0)
-		}
-
 	}
 
 	return req, nil
@@ -3547,17 +1506,6 @@ func NewCreateButtonRequestWithBody(server string, params *CreateButtonParams, c
 			}
 
 			req.Header.Set("Idempotency-Key", headerParam0)
-		}
-
-		if params.XRequestId != nil {
-			var headerParam1 string
-
-			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("X-Request-Id", headerParam1)
 		}
 
 	}
@@ -3620,24 +1568,13 @@ func NewDeleteButtonRequest(server string, id PathId, params *DeleteButtonParams
 			req.Header.Set("Idempotency-Key", headerParam1)
 		}
 
-		if params.XRequestId != nil {
-			var headerParam2 string
-
-			headerParam2, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("X-Request-Id", headerParam2)
-		}
-
 	}
 
 	return req, nil
 }
 
 // NewGetButtonRequest constructs an http.Request for the GetButton method
-func NewGetButtonRequest(server string, id PathId, params *GetButtonParams) (*http.Request, error) {
+func NewGetButtonRequest(server string, id PathId) (*http.Request, error) {
 	var err error
 
 	var pathParam0 string
@@ -3665,70 +1602,6 @@ func NewGetButtonRequest(server string, id PathId, params *GetButtonParams) (*ht
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
 	if err != nil {
 		return nil, err
-	}
-
-	if params != nil {
-
-		if params.XRequestId != nil {
-			var headerParam0 string
-
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("X-Request-Id", headerParam0)
-		}
-
-	}
-
-	return req, nil
-}
-
-// NewHeadButtonRequest constructs an http.Request for the HeadButton method
-func NewHeadButtonRequest(server string, id PathId, params *HeadButtonParams) (*http.Request, error) {
-	var err error
-
-	var pathParam0 string
-
-	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
-	if err != nil {
-		return nil, err
-	}
-
-	serverURL, err := url.Parse(server)
-	if err != nil {
-		return nil, err
-	}
-
-	operationPath := fmt.Sprintf("/product-payment/get/%s", pathParam0)
-	if operationPath[0] == '/' {
-		operationPath = "." + operationPath
-	}
-
-	queryURL, err := serverURL.Parse(operationPath)
-	if err != nil {
-		return nil, err
-	}
-
-	req, err := http.NewRequest(http.MethodHead, queryURL.String(), nil)
-	if err != nil {
-		return nil, err
-	}
-
-	if params != nil {
-
-		if params.XRequestId != nil {
-			var headerParam0 string
-
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("X-Request-Id", headerParam0)
-		}
-
 	}
 
 	return req, nil
@@ -3802,109 +1675,6 @@ func NewGetButtonHistoryRequest(server string, id PathId, params *GetButtonHisto
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
 	if err != nil {
 		return nil, err
-	}
-
-	if params != nil {
-
-		if params.XRequestId != nil {
-			var headerParam0 string
-
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("X-Request-Id", headerParam0)
-		}
-
-	}
-
-	return req, nil
-}
-
-// NewHeadButtonHistoryRequest constructs an http.Request for the HeadButtonHistory method
-func NewHeadButtonHistoryRequest(server string, id PathId, params *HeadButtonHistoryParams) (*http.Request, error) {
-	var err error
-
-	var pathParam0 string
-
-	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
-	if err != nil {
-		return nil, err
-	}
-
-	serverURL, err := url.Parse(server)
-	if err != nil {
-		return nil, err
-	}
-
-	operationPath := fmt.Sprintf("/product-payment/history/%s", pathParam0)
-	if operationPath[0] == '/' {
-		operationPath = "." + operationPath
-	}
-
-	queryURL, err := serverURL.Parse(operationPath)
-	if err != nil {
-		return nil, err
-	}
-
-	if params != nil {
-		// queryValues collects non-styled parameters (passthrough, JSON)
-		// that are safe to round-trip through url.Values.Encode().
-		queryValues := queryURL.Query()
-		// rawQueryFragments collects pre-encoded query fragments from
-		// styled parameters, preserving literal commas as delimiters
-		// per the OpenAPI spec (e.g. "color=blue,black,brown").
-		var rawQueryFragments []string
-
-		if params.Limit != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
-			}
-
-		}
-
-		if params.After != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "after", *params.After, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: "int64"}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
-			}
-
-		}
-
-		if encoded := queryValues.Encode(); encoded != "" {
-			rawQueryFragments = append(rawQueryFragments, encoded)
-		}
-		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
-	}
-
-	req, err := http.NewRequest(http.MethodHead, queryURL.String(), nil)
-	if err != nil {
-		return nil, err
-	}
-
-	if params != nil {
-
-		if params.XRequestId != nil {
-			var headerParam0 string
-
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("X-Request-Id", headerParam0)
-		}
-
 	}
 
 	return req, nil
@@ -3998,18 +1768,6 @@ func NewListButtonsRequest(server string, params *ListButtonsParams) (*http.Requ
 
 		}
 
-		if params.Metadata != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("deepObject", true, "metadata", *params.Metadata, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "object", Format: ""}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
-			}
-
-		}
-
 		if encoded := queryValues.Encode(); encoded != "" {
 			rawQueryFragments = append(rawQueryFragments, encoded)
 		}
@@ -4019,150 +1777,6 @@ func NewListButtonsRequest(server string, params *ListButtonsParams) (*http.Requ
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
 	if err != nil {
 		return nil, err
-	}
-
-	if params != nil {
-
-		if params.XRequestId != nil {
-			var headerParam0 string
-
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("X-Request-Id", headerParam0)
-		}
-
-	}
-
-	return req, nil
-}
-
-// NewHeadListButtonsRequest constructs an http.Request for the HeadListButtons method
-func NewHeadListButtonsRequest(server string, params *HeadListButtonsParams) (*http.Request, error) {
-	var err error
-
-	serverURL, err := url.Parse(server)
-	if err != nil {
-		return nil, err
-	}
-
-	operationPath := fmt.Sprintf("/product-payment/list")
-	if operationPath[0] == '/' {
-		operationPath = "." + operationPath
-	}
-
-	queryURL, err := serverURL.Parse(operationPath)
-	if err != nil {
-		return nil, err
-	}
-
-	if params != nil {
-		// queryValues collects non-styled parameters (passthrough, JSON)
-		// that are safe to round-trip through url.Values.Encode().
-		queryValues := queryURL.Query()
-		// rawQueryFragments collects pre-encoded query fragments from
-		// styled parameters, preserving literal commas as delimiters
-		// per the OpenAPI spec (e.g. "color=blue,black,brown").
-		var rawQueryFragments []string
-
-		if params.Limit != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
-			}
-
-		}
-
-		if params.After != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "after", *params.After, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
-			}
-
-		}
-
-		if params.State != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "state", *params.State, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
-			}
-
-		}
-
-		if params.IsLive != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "isLive", *params.IsLive, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "boolean", Format: ""}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
-			}
-
-		}
-
-		if params.PaymentMethod != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "paymentMethod", *params.PaymentMethod, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
-			}
-
-		}
-
-		if params.Metadata != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("deepObject", true, "metadata", *params.Metadata, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "object", Format: ""}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
-			}
-
-		}
-
-		if encoded := queryValues.Encode(); encoded != "" {
-			rawQueryFragments = append(rawQueryFragments, encoded)
-		}
-		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
-	}
-
-	req, err := http.NewRequest(http.MethodHead, queryURL.String(), nil)
-	if err != nil {
-		return nil, err
-	}
-
-	if params != nil {
-
-		if params.XRequestId != nil {
-			var headerParam0 string
-
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("X-Request-Id", headerParam0)
-		}
-
 	}
 
 	return req, nil
@@ -4221,17 +1835,6 @@ func NewRestoreButtonRequest(server string, id PathId, params *RestoreButtonPara
 			}
 
 			req.Header.Set("Idempotency-Key", headerParam1)
-		}
-
-		if params.XRequestId != nil {
-			var headerParam2 string
-
-			headerParam2, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("X-Request-Id", headerParam2)
 		}
 
 	}
@@ -4307,17 +1910,6 @@ func NewUpdateButtonRequestWithBody(server string, id PathId, params *UpdateButt
 			req.Header.Set("Idempotency-Key", headerParam1)
 		}
 
-		if params.XRequestId != nil {
-			var headerParam2 string
-
-			headerParam2, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestId, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("X-Request-Id", headerParam2)
-		}
-
 	}
 
 	return req, nil
@@ -4369,79 +1961,25 @@ type ClientWithResponsesInterface interface {
 
 	// GetHealthWithResponse Health check
 	//
-	// 200 when the database answers a query, 503 when it does not or refuses writes. Needs no key and is not rate-limited.
+	// 200 when the database answers a query, else 503. Needs no key and is not rate-limited.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /healthz (the `GetHealth` operationId).
-	GetHealthWithResponse(ctx context.Context, params *GetHealthParams, reqEditors ...RequestEditorFn) (*GetHealthResponse, error)
-
-	// HeadHealthWithResponse Health check, headers only
-	//
-	// As the GET of this path, with the same status and headers and no body.
-	//
-	// Returns a wrapper object for the known response body format(s).
-	//
-	// Corresponds with HEAD /healthz (the `HeadHealth` operationId).
-	HeadHealthWithResponse(ctx context.Context, params *HeadHealthParams, reqEditors ...RequestEditorFn) (*HeadHealthResponse, error)
-
-	// GetMetricsWithResponse Metrics
-	//
-	// Counters and histograms for Prometheus. Needs no key. A server started with `-metrics=false` answers 404 here.
-	//
-	// Returns a wrapper object for the known response body format(s).
-	//
-	// Corresponds with GET /metrics (the `GetMetrics` operationId).
-	GetMetricsWithResponse(ctx context.Context, params *GetMetricsParams, reqEditors ...RequestEditorFn) (*GetMetricsResponse, error)
-
-	// HeadMetricsWithResponse Metrics, headers only
-	//
-	// As the GET of this path, with the same status and headers and no body.
-	//
-	// Returns a wrapper object for the known response body format(s).
-	//
-	// Corresponds with HEAD /metrics (the `HeadMetrics` operationId).
-	HeadMetricsWithResponse(ctx context.Context, params *HeadMetricsParams, reqEditors ...RequestEditorFn) (*HeadMetricsResponse, error)
+	GetHealthWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetHealthResponse, error)
 
 	// GetOpenAPIDocumentWithResponse This document
 	//
-	// The OpenAPI 3.1 description of the API, exactly as the service embeds it. Needs no key.
+	// The OpenAPI 3.1 description of the API, as the service embeds it. Needs no key.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /openapi.json (the `GetOpenAPIDocument` operationId).
-	GetOpenAPIDocumentWithResponse(ctx context.Context, params *GetOpenAPIDocumentParams, reqEditors ...RequestEditorFn) (*GetOpenAPIDocumentResponse, error)
-
-	// HeadOpenAPIDocumentWithResponse This document, headers only
-	//
-	// As the GET of this path, with the same status and headers and no body.
-	//
-	// Returns a wrapper object for the known response body format(s).
-	//
-	// Corresponds with HEAD /openapi.json (the `HeadOpenAPIDocument` operationId).
-	HeadOpenAPIDocumentWithResponse(ctx context.Context, params *HeadOpenAPIDocumentParams, reqEditors ...RequestEditorFn) (*HeadOpenAPIDocumentResponse, error)
-
-	// GetChangesWithResponse Follow the account's changes
-	//
-	// The change feed: the account's buttons changed after `since`, each once as it is now, in the order of their last change. Store `next` and ask again with it as `since`: you see every later change and miss none. A sync job asks again every few seconds. There is no `wait` parameter: like any parameter not listed here, it is a 400.
-	//
-	// Returns a wrapper object for the known response body format(s).
-	//
-	// Corresponds with GET /product-payment/changes (the `GetChanges` operationId).
-	GetChangesWithResponse(ctx context.Context, params *GetChangesParams, reqEditors ...RequestEditorFn) (*GetChangesResponse, error)
-
-	// HeadChangesWithResponse Follow the account's changes, headers only
-	//
-	// As the GET of this path, with the same status and headers and no body.
-	//
-	// Returns a wrapper object for the known response body format(s).
-	//
-	// Corresponds with HEAD /product-payment/changes (the `HeadChanges` operationId).
-	HeadChangesWithResponse(ctx context.Context, params *HeadChangesParams, reqEditors ...RequestEditorFn) (*HeadChangesResponse, error)
+	GetOpenAPIDocumentWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetOpenAPIDocumentResponse, error)
 
 	// CreateButtonWithBodyWithResponse Create a button
 	//
-	// Stores a new button for the key's account and answers with its id. Every failing field is reported at once.
+	// Stores a new button for the key's account and answers with its id.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -4450,7 +1988,7 @@ type ClientWithResponsesInterface interface {
 
 	// CreateButtonWithResponse Create a button
 	//
-	// Stores a new button for the key's account and answers with its id. Every failing field is reported at once.
+	// Stores a new button for the key's account and answers with its id.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -4459,7 +1997,7 @@ type ClientWithResponsesInterface interface {
 
 	// DeleteButtonWithResponse Delete a button
 	//
-	// Marks an active button deleted. The button is kept: it can still be read, listed with `state=deleted` and restored. No body is read.
+	// Marks an active button deleted. It is kept: it can still be read, listed with `state=deleted` and restored. No body is read.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -4473,52 +2011,25 @@ type ClientWithResponsesInterface interface {
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /product-payment/get/{id} (the `GetButton` operationId).
-	GetButtonWithResponse(ctx context.Context, id PathId, params *GetButtonParams, reqEditors ...RequestEditorFn) (*GetButtonResponse, error)
-
-	// HeadButtonWithResponse Check a button's version
-	//
-	// The status and headers get would answer, without the body: a cheap way to read a button's `version` from `ETag`.
-	//
-	// Returns a wrapper object for the known response body format(s).
-	//
-	// Corresponds with HEAD /product-payment/get/{id} (the `HeadButton` operationId).
-	HeadButtonWithResponse(ctx context.Context, id PathId, params *HeadButtonParams, reqEditors ...RequestEditorFn) (*HeadButtonResponse, error)
+	GetButtonWithResponse(ctx context.Context, id PathId, reqEditors ...RequestEditorFn) (*GetButtonResponse, error)
 
 	// GetButtonHistoryWithResponse Read a button's history
 	//
-	// Every change ever made to the button, oldest first, a page at a time, with the key and request that made it. Refused requests and `unchanged` updates leave no entry.
+	// Every change made to the button, oldest first, a page at a time, with the key and request that made it. Refused requests and `unchanged` updates leave no entry.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /product-payment/history/{id} (the `GetButtonHistory` operationId).
 	GetButtonHistoryWithResponse(ctx context.Context, id PathId, params *GetButtonHistoryParams, reqEditors ...RequestEditorFn) (*GetButtonHistoryResponse, error)
 
-	// HeadButtonHistoryWithResponse Read a button's history, headers only
-	//
-	// As the GET of this path, with the same status and headers and no body.
-	//
-	// Returns a wrapper object for the known response body format(s).
-	//
-	// Corresponds with HEAD /product-payment/history/{id} (the `HeadButtonHistory` operationId).
-	HeadButtonHistoryWithResponse(ctx context.Context, id PathId, params *HeadButtonHistoryParams, reqEditors ...RequestEditorFn) (*HeadButtonHistoryResponse, error)
-
 	// ListButtonsWithResponse List buttons
 	//
-	// The account's buttons, newest first, a page at a time: pass the `next` of a page as the `after` of the next request. Buttons created while paging never make a page repeat or skip one. The filters all apply together.
+	// The account's buttons, newest first, a page at a time: pass a page's `next` as the next request's `after`. The filters all apply together.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /product-payment/list (the `ListButtons` operationId).
 	ListButtonsWithResponse(ctx context.Context, params *ListButtonsParams, reqEditors ...RequestEditorFn) (*ListButtonsResponse, error)
-
-	// HeadListButtonsWithResponse List buttons, headers only
-	//
-	// As the GET of this path, with the same status and headers and no body.
-	//
-	// Returns a wrapper object for the known response body format(s).
-	//
-	// Corresponds with HEAD /product-payment/list (the `HeadListButtons` operationId).
-	HeadListButtonsWithResponse(ctx context.Context, params *HeadListButtonsParams, reqEditors ...RequestEditorFn) (*HeadListButtonsResponse, error)
 
 	// RestoreButtonWithResponse Restore a deleted button
 	//
@@ -4548,34 +2059,14 @@ type ClientWithResponsesInterface interface {
 	UpdateButtonWithResponse(ctx context.Context, id PathId, params *UpdateButtonParams, body UpdateButtonJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateButtonResponse, error)
 }
 
-// GetHealthResponse200Headers the declared response headers of an HTTP 200 response for GetHealth
-type GetHealthResponse200Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
 // GetHealthResponse405Headers the declared response headers of an HTTP 405 response for GetHealth
 type GetHealthResponse405Headers struct {
-	Allow               string
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// GetHealthResponse500Headers the declared response headers of an HTTP 500 response for GetHealth
-type GetHealthResponse500Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
+	Allow string
 }
 
 // GetHealthResponse503Headers the declared response headers of an HTTP 503 response for GetHealth
 type GetHealthResponse503Headers struct {
-	CacheControl        string
-	RetryAfter          int
-	XContentTypeOptions string
-	XRequestId          string
+	RetryAfter int
 }
 
 type GetHealthResponse struct {
@@ -4588,13 +2079,9 @@ type GetHealthResponse struct {
 	// JSON500 the response for an HTTP 500 `application/json` response
 	JSON500 *Internal
 	// JSON503 the response for an HTTP 503 `application/json` response
-	JSON503 *HealthUnavailable
-	// Headers200 the parsed response headers for an HTTP 200 response
-	Headers200 *GetHealthResponse200Headers
+	JSON503 *Unavailable
 	// Headers405 the parsed response headers for an HTTP 405 response
 	Headers405 *GetHealthResponse405Headers
-	// Headers500 the parsed response headers for an HTTP 500 response
-	Headers500 *GetHealthResponse500Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *GetHealthResponse503Headers
 }
@@ -4615,7 +2102,7 @@ func (r GetHealthResponse) GetJSON500() *Internal {
 }
 
 // GetJSON503 returns the response for an HTTP 503 `application/json` response
-func (r GetHealthResponse) GetJSON503() *HealthUnavailable {
+func (r GetHealthResponse) GetJSON503() *Unavailable {
 	return r.JSON503
 }
 
@@ -4648,241 +2135,9 @@ func (r GetHealthResponse) ContentType() string {
 	return ""
 }
 
-// HeadHealthResponse200Headers the declared response headers of an HTTP 200 response for HeadHealth
-type HeadHealthResponse200Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// HeadHealthResponse500Headers the declared response headers of an HTTP 500 response for HeadHealth
-type HeadHealthResponse500Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// HeadHealthResponse503Headers the declared response headers of an HTTP 503 response for HeadHealth
-type HeadHealthResponse503Headers struct {
-	CacheControl        string
-	RetryAfter          int
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-type HeadHealthResponse struct {
-	Body         []byte
-	HTTPResponse *http.Response
-	// Headers200 the parsed response headers for an HTTP 200 response
-	Headers200 *HeadHealthResponse200Headers
-	// Headers500 the parsed response headers for an HTTP 500 response
-	Headers500 *HeadHealthResponse500Headers
-	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *HeadHealthResponse503Headers
-}
-
-// GetBody returns the raw response body bytes
-func (r HeadHealthResponse) GetBody() []byte {
-	return r.Body
-}
-
-// Status returns HTTPResponse.Status
-func (r HeadHealthResponse) Status() string {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.Status
-	}
-	return http.StatusText(0)
-}
-
-// StatusCode returns HTTPResponse.StatusCode
-func (r HeadHealthResponse) StatusCode() int {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.StatusCode
-	}
-	return 0
-}
-
-// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r HeadHealthResponse) ContentType() string {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.Header.Get("Content-Type")
-	}
-	return ""
-}
-
-// GetMetricsResponse200Headers the declared response headers of an HTTP 200 response for GetMetrics
-type GetMetricsResponse200Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// GetMetricsResponse404Headers the declared response headers of an HTTP 404 response for GetMetrics
-type GetMetricsResponse404Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// GetMetricsResponse405Headers the declared response headers of an HTTP 405 response for GetMetrics
-type GetMetricsResponse405Headers struct {
-	Allow               string
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// GetMetricsResponse500Headers the declared response headers of an HTTP 500 response for GetMetrics
-type GetMetricsResponse500Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-type GetMetricsResponse struct {
-	Body         []byte
-	HTTPResponse *http.Response
-	// JSON404 the response for an HTTP 404 `application/json` response
-	JSON404 *NoSuchPath
-	// JSON405 the response for an HTTP 405 `application/json` response
-	JSON405 *MethodNotAllowed
-	// JSON500 the response for an HTTP 500 `application/json` response
-	JSON500 *Internal
-	// Headers200 the parsed response headers for an HTTP 200 response
-	Headers200 *GetMetricsResponse200Headers
-	// Headers404 the parsed response headers for an HTTP 404 response
-	Headers404 *GetMetricsResponse404Headers
-	// Headers405 the parsed response headers for an HTTP 405 response
-	Headers405 *GetMetricsResponse405Headers
-	// Headers500 the parsed response headers for an HTTP 500 response
-	Headers500 *GetMetricsResponse500Headers
-}
-
-// GetJSON404 returns the response for an HTTP 404 `application/json` response
-func (r GetMetricsResponse) GetJSON404() *NoSuchPath {
-	return r.JSON404
-}
-
-// GetJSON405 returns the response for an HTTP 405 `application/json` response
-func (r GetMetricsResponse) GetJSON405() *MethodNotAllowed {
-	return r.JSON405
-}
-
-// GetJSON500 returns the response for an HTTP 500 `application/json` response
-func (r GetMetricsResponse) GetJSON500() *Internal {
-	return r.JSON500
-}
-
-// GetBody returns the raw response body bytes
-func (r GetMetricsResponse) GetBody() []byte {
-	return r.Body
-}
-
-// Status returns HTTPResponse.Status
-func (r GetMetricsResponse) Status() string {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.Status
-	}
-	return http.StatusText(0)
-}
-
-// StatusCode returns HTTPResponse.StatusCode
-func (r GetMetricsResponse) StatusCode() int {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.StatusCode
-	}
-	return 0
-}
-
-// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r GetMetricsResponse) ContentType() string {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.Header.Get("Content-Type")
-	}
-	return ""
-}
-
-// HeadMetricsResponse200Headers the declared response headers of an HTTP 200 response for HeadMetrics
-type HeadMetricsResponse200Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// HeadMetricsResponse404Headers the declared response headers of an HTTP 404 response for HeadMetrics
-type HeadMetricsResponse404Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// HeadMetricsResponse500Headers the declared response headers of an HTTP 500 response for HeadMetrics
-type HeadMetricsResponse500Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-type HeadMetricsResponse struct {
-	Body         []byte
-	HTTPResponse *http.Response
-	// Headers200 the parsed response headers for an HTTP 200 response
-	Headers200 *HeadMetricsResponse200Headers
-	// Headers404 the parsed response headers for an HTTP 404 response
-	Headers404 *HeadMetricsResponse404Headers
-	// Headers500 the parsed response headers for an HTTP 500 response
-	Headers500 *HeadMetricsResponse500Headers
-}
-
-// GetBody returns the raw response body bytes
-func (r HeadMetricsResponse) GetBody() []byte {
-	return r.Body
-}
-
-// Status returns HTTPResponse.Status
-func (r HeadMetricsResponse) Status() string {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.Status
-	}
-	return http.StatusText(0)
-}
-
-// StatusCode returns HTTPResponse.StatusCode
-func (r HeadMetricsResponse) StatusCode() int {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.StatusCode
-	}
-	return 0
-}
-
-// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r HeadMetricsResponse) ContentType() string {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.Header.Get("Content-Type")
-	}
-	return ""
-}
-
-// GetOpenAPIDocumentResponse200Headers the declared response headers of an HTTP 200 response for GetOpenAPIDocument
-type GetOpenAPIDocumentResponse200Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
 // GetOpenAPIDocumentResponse405Headers the declared response headers of an HTTP 405 response for GetOpenAPIDocument
 type GetOpenAPIDocumentResponse405Headers struct {
-	Allow               string
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// GetOpenAPIDocumentResponse500Headers the declared response headers of an HTTP 500 response for GetOpenAPIDocument
-type GetOpenAPIDocumentResponse500Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
+	Allow string
 }
 
 type GetOpenAPIDocumentResponse struct {
@@ -4894,12 +2149,8 @@ type GetOpenAPIDocumentResponse struct {
 	JSON405 *MethodNotAllowed
 	// JSON500 the response for an HTTP 500 `application/json` response
 	JSON500 *Internal
-	// Headers200 the parsed response headers for an HTTP 200 response
-	Headers200 *GetOpenAPIDocumentResponse200Headers
 	// Headers405 the parsed response headers for an HTTP 405 response
 	Headers405 *GetOpenAPIDocumentResponse405Headers
-	// Headers500 the parsed response headers for an HTTP 500 response
-	Headers500 *GetOpenAPIDocumentResponse500Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -4946,394 +2197,34 @@ func (r GetOpenAPIDocumentResponse) ContentType() string {
 	return ""
 }
 
-// HeadOpenAPIDocumentResponse200Headers the declared response headers of an HTTP 200 response for HeadOpenAPIDocument
-type HeadOpenAPIDocumentResponse200Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// HeadOpenAPIDocumentResponse500Headers the declared response headers of an HTTP 500 response for HeadOpenAPIDocument
-type HeadOpenAPIDocumentResponse500Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-type HeadOpenAPIDocumentResponse struct {
-	Body         []byte
-	HTTPResponse *http.Response
-	// Headers200 the parsed response headers for an HTTP 200 response
-	Headers200 *HeadOpenAPIDocumentResponse200Headers
-	// Headers500 the parsed response headers for an HTTP 500 response
-	Headers500 *HeadOpenAPIDocumentResponse500Headers
-}
-
-// GetBody returns the raw response body bytes
-func (r HeadOpenAPIDocumentResponse) GetBody() []byte {
-	return r.Body
-}
-
-// Status returns HTTPResponse.Status
-func (r HeadOpenAPIDocumentResponse) Status() string {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.Status
-	}
-	return http.StatusText(0)
-}
-
-// StatusCode returns HTTPResponse.StatusCode
-func (r HeadOpenAPIDocumentResponse) StatusCode() int {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.StatusCode
-	}
-	return 0
-}
-
-// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r HeadOpenAPIDocumentResponse) ContentType() string {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.Header.Get("Content-Type")
-	}
-	return ""
-}
-
-// GetChangesResponse200Headers the declared response headers of an HTTP 200 response for GetChanges
-type GetChangesResponse200Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// GetChangesResponse400Headers the declared response headers of an HTTP 400 response for GetChanges
-type GetChangesResponse400Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// GetChangesResponse401Headers the declared response headers of an HTTP 401 response for GetChanges
-type GetChangesResponse401Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// GetChangesResponse405Headers the declared response headers of an HTTP 405 response for GetChanges
-type GetChangesResponse405Headers struct {
-	Allow               string
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// GetChangesResponse429Headers the declared response headers of an HTTP 429 response for GetChanges
-type GetChangesResponse429Headers struct {
-	CacheControl        string
-	RetryAfter          int
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// GetChangesResponse500Headers the declared response headers of an HTTP 500 response for GetChanges
-type GetChangesResponse500Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// GetChangesResponse503Headers the declared response headers of an HTTP 503 response for GetChanges
-type GetChangesResponse503Headers struct {
-	CacheControl        string
-	RetryAfter          int
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-type GetChangesResponse struct {
-	Body         []byte
-	HTTPResponse *http.Response
-	// JSON200 the response for an HTTP 200 `application/json` response
-	JSON200 *ChangesFound
-	// JSON400 the response for an HTTP 400 `application/json` response
-	JSON400 *InvalidQuery
-	// JSON401 the response for an HTTP 401 `application/json` response
-	JSON401 *Unauthorized
-	// JSON405 the response for an HTTP 405 `application/json` response
-	JSON405 *MethodNotAllowed
-	// JSON429 the response for an HTTP 429 `application/json` response
-	JSON429 *RateLimited
-	// JSON500 the response for an HTTP 500 `application/json` response
-	JSON500 *Internal
-	// JSON503 the response for an HTTP 503 `application/json` response
-	JSON503 *Unavailable
-	// Headers200 the parsed response headers for an HTTP 200 response
-	Headers200 *GetChangesResponse200Headers
-	// Headers400 the parsed response headers for an HTTP 400 response
-	Headers400 *GetChangesResponse400Headers
-	// Headers401 the parsed response headers for an HTTP 401 response
-	Headers401 *GetChangesResponse401Headers
-	// Headers405 the parsed response headers for an HTTP 405 response
-	Headers405 *GetChangesResponse405Headers
-	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *GetChangesResponse429Headers
-	// Headers500 the parsed response headers for an HTTP 500 response
-	Headers500 *GetChangesResponse500Headers
-	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *GetChangesResponse503Headers
-}
-
-// GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r GetChangesResponse) GetJSON200() *ChangesFound {
-	return r.JSON200
-}
-
-// GetJSON400 returns the response for an HTTP 400 `application/json` response
-func (r GetChangesResponse) GetJSON400() *InvalidQuery {
-	return r.JSON400
-}
-
-// GetJSON401 returns the response for an HTTP 401 `application/json` response
-func (r GetChangesResponse) GetJSON401() *Unauthorized {
-	return r.JSON401
-}
-
-// GetJSON405 returns the response for an HTTP 405 `application/json` response
-func (r GetChangesResponse) GetJSON405() *MethodNotAllowed {
-	return r.JSON405
-}
-
-// GetJSON429 returns the response for an HTTP 429 `application/json` response
-func (r GetChangesResponse) GetJSON429() *RateLimited {
-	return r.JSON429
-}
-
-// GetJSON500 returns the response for an HTTP 500 `application/json` response
-func (r GetChangesResponse) GetJSON500() *Internal {
-	return r.JSON500
-}
-
-// GetJSON503 returns the response for an HTTP 503 `application/json` response
-func (r GetChangesResponse) GetJSON503() *Unavailable {
-	return r.JSON503
-}
-
-// GetBody returns the raw response body bytes
-func (r GetChangesResponse) GetBody() []byte {
-	return r.Body
-}
-
-// Status returns HTTPResponse.Status
-func (r GetChangesResponse) Status() string {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.Status
-	}
-	return http.StatusText(0)
-}
-
-// StatusCode returns HTTPResponse.StatusCode
-func (r GetChangesResponse) StatusCode() int {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.StatusCode
-	}
-	return 0
-}
-
-// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r GetChangesResponse) ContentType() string {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.Header.Get("Content-Type")
-	}
-	return ""
-}
-
-// HeadChangesResponse200Headers the declared response headers of an HTTP 200 response for HeadChanges
-type HeadChangesResponse200Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// HeadChangesResponse400Headers the declared response headers of an HTTP 400 response for HeadChanges
-type HeadChangesResponse400Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// HeadChangesResponse401Headers the declared response headers of an HTTP 401 response for HeadChanges
-type HeadChangesResponse401Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// HeadChangesResponse429Headers the declared response headers of an HTTP 429 response for HeadChanges
-type HeadChangesResponse429Headers struct {
-	CacheControl        string
-	RetryAfter          int
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// HeadChangesResponse500Headers the declared response headers of an HTTP 500 response for HeadChanges
-type HeadChangesResponse500Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// HeadChangesResponse503Headers the declared response headers of an HTTP 503 response for HeadChanges
-type HeadChangesResponse503Headers struct {
-	CacheControl        string
-	RetryAfter          int
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-type HeadChangesResponse struct {
-	Body         []byte
-	HTTPResponse *http.Response
-	// Headers200 the parsed response headers for an HTTP 200 response
-	Headers200 *HeadChangesResponse200Headers
-	// Headers400 the parsed response headers for an HTTP 400 response
-	Headers400 *HeadChangesResponse400Headers
-	// Headers401 the parsed response headers for an HTTP 401 response
-	Headers401 *HeadChangesResponse401Headers
-	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *HeadChangesResponse429Headers
-	// Headers500 the parsed response headers for an HTTP 500 response
-	Headers500 *HeadChangesResponse500Headers
-	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *HeadChangesResponse503Headers
-}
-
-// GetBody returns the raw response body bytes
-func (r HeadChangesResponse) GetBody() []byte {
-	return r.Body
-}
-
-// Status returns HTTPResponse.Status
-func (r HeadChangesResponse) Status() string {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.Status
-	}
-	return http.StatusText(0)
-}
-
-// StatusCode returns HTTPResponse.StatusCode
-func (r HeadChangesResponse) StatusCode() int {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.StatusCode
-	}
-	return 0
-}
-
-// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r HeadChangesResponse) ContentType() string {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.Header.Get("Content-Type")
-	}
-	return ""
-}
-
 // CreateButtonResponse200Headers the declared response headers of an HTTP 200 response for CreateButton
 type CreateButtonResponse200Headers struct {
-	CacheControl        string
-	ETag                string
-	IdempotentReplayed  *string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// CreateButtonResponse400Headers the declared response headers of an HTTP 400 response for CreateButton
-type CreateButtonResponse400Headers struct {
-	CacheControl        string
-	IdempotentReplayed  *string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// CreateButtonResponse401Headers the declared response headers of an HTTP 401 response for CreateButton
-type CreateButtonResponse401Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// CreateButtonResponse403Headers the declared response headers of an HTTP 403 response for CreateButton
-type CreateButtonResponse403Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
+	ETag               string
+	IdempotentReplayed *string
 }
 
 // CreateButtonResponse405Headers the declared response headers of an HTTP 405 response for CreateButton
 type CreateButtonResponse405Headers struct {
-	Allow               string
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// CreateButtonResponse409Headers the declared response headers of an HTTP 409 response for CreateButton
-type CreateButtonResponse409Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// CreateButtonResponse413Headers the declared response headers of an HTTP 413 response for CreateButton
-type CreateButtonResponse413Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// CreateButtonResponse415Headers the declared response headers of an HTTP 415 response for CreateButton
-type CreateButtonResponse415Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// CreateButtonResponse422Headers the declared response headers of an HTTP 422 response for CreateButton
-type CreateButtonResponse422Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
+	Allow string
 }
 
 // CreateButtonResponse429Headers the declared response headers of an HTTP 429 response for CreateButton
 type CreateButtonResponse429Headers struct {
-	CacheControl        string
-	RetryAfter          int
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// CreateButtonResponse500Headers the declared response headers of an HTTP 500 response for CreateButton
-type CreateButtonResponse500Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
+	RetryAfter int
 }
 
 // CreateButtonResponse503Headers the declared response headers of an HTTP 503 response for CreateButton
 type CreateButtonResponse503Headers struct {
-	CacheControl        string
-	RetryAfter          int
-	XContentTypeOptions string
-	XRequestId          string
+	RetryAfter int
 }
 
 type CreateButtonResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
-	JSON200 *ButtonCreated
+	JSON200 *Written
 	// JSON400 the response for an HTTP 400 `application/json` response
-	JSON400 *InvalidCreate
+	JSON400 *InvalidRequest
 	// JSON401 the response for an HTTP 401 `application/json` response
 	JSON401 *Unauthorized
 	// JSON403 the response for an HTTP 403 `application/json` response
@@ -5341,7 +2232,7 @@ type CreateButtonResponse struct {
 	// JSON405 the response for an HTTP 405 `application/json` response
 	JSON405 *MethodNotAllowed
 	// JSON409 the response for an HTTP 409 `application/json` response
-	JSON409 *InFlight
+	JSON409 *Conflict
 	// JSON413 the response for an HTTP 413 `application/json` response
 	JSON413 *PayloadTooLarge
 	// JSON415 the response for an HTTP 415 `application/json` response
@@ -5356,37 +2247,21 @@ type CreateButtonResponse struct {
 	JSON503 *Unavailable
 	// Headers200 the parsed response headers for an HTTP 200 response
 	Headers200 *CreateButtonResponse200Headers
-	// Headers400 the parsed response headers for an HTTP 400 response
-	Headers400 *CreateButtonResponse400Headers
-	// Headers401 the parsed response headers for an HTTP 401 response
-	Headers401 *CreateButtonResponse401Headers
-	// Headers403 the parsed response headers for an HTTP 403 response
-	Headers403 *CreateButtonResponse403Headers
 	// Headers405 the parsed response headers for an HTTP 405 response
 	Headers405 *CreateButtonResponse405Headers
-	// Headers409 the parsed response headers for an HTTP 409 response
-	Headers409 *CreateButtonResponse409Headers
-	// Headers413 the parsed response headers for an HTTP 413 response
-	Headers413 *CreateButtonResponse413Headers
-	// Headers415 the parsed response headers for an HTTP 415 response
-	Headers415 *CreateButtonResponse415Headers
-	// Headers422 the parsed response headers for an HTTP 422 response
-	Headers422 *CreateButtonResponse422Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *CreateButtonResponse429Headers
-	// Headers500 the parsed response headers for an HTTP 500 response
-	Headers500 *CreateButtonResponse500Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *CreateButtonResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r CreateButtonResponse) GetJSON200() *ButtonCreated {
+func (r CreateButtonResponse) GetJSON200() *Written {
 	return r.JSON200
 }
 
 // GetJSON400 returns the response for an HTTP 400 `application/json` response
-func (r CreateButtonResponse) GetJSON400() *InvalidCreate {
+func (r CreateButtonResponse) GetJSON400() *InvalidRequest {
 	return r.JSON400
 }
 
@@ -5406,7 +2281,7 @@ func (r CreateButtonResponse) GetJSON405() *MethodNotAllowed {
 }
 
 // GetJSON409 returns the response for an HTTP 409 `application/json` response
-func (r CreateButtonResponse) GetJSON409() *InFlight {
+func (r CreateButtonResponse) GetJSON409() *Conflict {
 	return r.JSON409
 }
 
@@ -5471,104 +2346,32 @@ func (r CreateButtonResponse) ContentType() string {
 
 // DeleteButtonResponse200Headers the declared response headers of an HTTP 200 response for DeleteButton
 type DeleteButtonResponse200Headers struct {
-	CacheControl        string
-	ETag                string
-	IdempotentReplayed  *string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// DeleteButtonResponse400Headers the declared response headers of an HTTP 400 response for DeleteButton
-type DeleteButtonResponse400Headers struct {
-	CacheControl        string
-	IdempotentReplayed  *string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// DeleteButtonResponse401Headers the declared response headers of an HTTP 401 response for DeleteButton
-type DeleteButtonResponse401Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// DeleteButtonResponse403Headers the declared response headers of an HTTP 403 response for DeleteButton
-type DeleteButtonResponse403Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// DeleteButtonResponse404Headers the declared response headers of an HTTP 404 response for DeleteButton
-type DeleteButtonResponse404Headers struct {
-	CacheControl        string
-	IdempotentReplayed  *string
-	XContentTypeOptions string
-	XRequestId          string
+	ETag               string
+	IdempotentReplayed *string
 }
 
 // DeleteButtonResponse405Headers the declared response headers of an HTTP 405 response for DeleteButton
 type DeleteButtonResponse405Headers struct {
-	Allow               string
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// DeleteButtonResponse409Headers the declared response headers of an HTTP 409 response for DeleteButton
-type DeleteButtonResponse409Headers struct {
-	CacheControl        string
-	IdempotentReplayed  *string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// DeleteButtonResponse412Headers the declared response headers of an HTTP 412 response for DeleteButton
-type DeleteButtonResponse412Headers struct {
-	CacheControl        string
-	IdempotentReplayed  *string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// DeleteButtonResponse422Headers the declared response headers of an HTTP 422 response for DeleteButton
-type DeleteButtonResponse422Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
+	Allow string
 }
 
 // DeleteButtonResponse429Headers the declared response headers of an HTTP 429 response for DeleteButton
 type DeleteButtonResponse429Headers struct {
-	CacheControl        string
-	RetryAfter          int
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// DeleteButtonResponse500Headers the declared response headers of an HTTP 500 response for DeleteButton
-type DeleteButtonResponse500Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
+	RetryAfter int
 }
 
 // DeleteButtonResponse503Headers the declared response headers of an HTTP 503 response for DeleteButton
 type DeleteButtonResponse503Headers struct {
-	CacheControl        string
-	RetryAfter          int
-	XContentTypeOptions string
-	XRequestId          string
+	RetryAfter int
 }
 
 type DeleteButtonResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
-	JSON200 *ButtonDeleted
+	JSON200 *Written
 	// JSON400 the response for an HTTP 400 `application/json` response
-	JSON400 *InvalidHeader
+	JSON400 *InvalidRequest
 	// JSON401 the response for an HTTP 401 `application/json` response
 	JSON401 *Unauthorized
 	// JSON403 the response for an HTTP 403 `application/json` response
@@ -5591,37 +2394,21 @@ type DeleteButtonResponse struct {
 	JSON503 *Unavailable
 	// Headers200 the parsed response headers for an HTTP 200 response
 	Headers200 *DeleteButtonResponse200Headers
-	// Headers400 the parsed response headers for an HTTP 400 response
-	Headers400 *DeleteButtonResponse400Headers
-	// Headers401 the parsed response headers for an HTTP 401 response
-	Headers401 *DeleteButtonResponse401Headers
-	// Headers403 the parsed response headers for an HTTP 403 response
-	Headers403 *DeleteButtonResponse403Headers
-	// Headers404 the parsed response headers for an HTTP 404 response
-	Headers404 *DeleteButtonResponse404Headers
 	// Headers405 the parsed response headers for an HTTP 405 response
 	Headers405 *DeleteButtonResponse405Headers
-	// Headers409 the parsed response headers for an HTTP 409 response
-	Headers409 *DeleteButtonResponse409Headers
-	// Headers412 the parsed response headers for an HTTP 412 response
-	Headers412 *DeleteButtonResponse412Headers
-	// Headers422 the parsed response headers for an HTTP 422 response
-	Headers422 *DeleteButtonResponse422Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *DeleteButtonResponse429Headers
-	// Headers500 the parsed response headers for an HTTP 500 response
-	Headers500 *DeleteButtonResponse500Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *DeleteButtonResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r DeleteButtonResponse) GetJSON200() *ButtonDeleted {
+func (r DeleteButtonResponse) GetJSON200() *Written {
 	return r.JSON200
 }
 
 // GetJSON400 returns the response for an HTTP 400 `application/json` response
-func (r DeleteButtonResponse) GetJSON400() *InvalidHeader {
+func (r DeleteButtonResponse) GetJSON400() *InvalidRequest {
 	return r.JSON400
 }
 
@@ -5706,56 +2493,22 @@ func (r DeleteButtonResponse) ContentType() string {
 
 // GetButtonResponse200Headers the declared response headers of an HTTP 200 response for GetButton
 type GetButtonResponse200Headers struct {
-	CacheControl        string
-	ETag                string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// GetButtonResponse401Headers the declared response headers of an HTTP 401 response for GetButton
-type GetButtonResponse401Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// GetButtonResponse404Headers the declared response headers of an HTTP 404 response for GetButton
-type GetButtonResponse404Headers struct {
-	CacheControl        string
-	IdempotentReplayed  *string
-	XContentTypeOptions string
-	XRequestId          string
+	ETag string
 }
 
 // GetButtonResponse405Headers the declared response headers of an HTTP 405 response for GetButton
 type GetButtonResponse405Headers struct {
-	Allow               string
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
+	Allow string
 }
 
 // GetButtonResponse429Headers the declared response headers of an HTTP 429 response for GetButton
 type GetButtonResponse429Headers struct {
-	CacheControl        string
-	RetryAfter          int
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// GetButtonResponse500Headers the declared response headers of an HTTP 500 response for GetButton
-type GetButtonResponse500Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
+	RetryAfter int
 }
 
 // GetButtonResponse503Headers the declared response headers of an HTTP 503 response for GetButton
 type GetButtonResponse503Headers struct {
-	CacheControl        string
-	RetryAfter          int
-	XContentTypeOptions string
-	XRequestId          string
+	RetryAfter int
 }
 
 type GetButtonResponse struct {
@@ -5777,16 +2530,10 @@ type GetButtonResponse struct {
 	JSON503 *Unavailable
 	// Headers200 the parsed response headers for an HTTP 200 response
 	Headers200 *GetButtonResponse200Headers
-	// Headers401 the parsed response headers for an HTTP 401 response
-	Headers401 *GetButtonResponse401Headers
-	// Headers404 the parsed response headers for an HTTP 404 response
-	Headers404 *GetButtonResponse404Headers
 	// Headers405 the parsed response headers for an HTTP 405 response
 	Headers405 *GetButtonResponse405Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *GetButtonResponse429Headers
-	// Headers500 the parsed response headers for an HTTP 500 response
-	Headers500 *GetButtonResponse500Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *GetButtonResponse503Headers
 }
@@ -5855,155 +2602,19 @@ func (r GetButtonResponse) ContentType() string {
 	return ""
 }
 
-// HeadButtonResponse200Headers the declared response headers of an HTTP 200 response for HeadButton
-type HeadButtonResponse200Headers struct {
-	CacheControl        string
-	ETag                string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// HeadButtonResponse401Headers the declared response headers of an HTTP 401 response for HeadButton
-type HeadButtonResponse401Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// HeadButtonResponse404Headers the declared response headers of an HTTP 404 response for HeadButton
-type HeadButtonResponse404Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// HeadButtonResponse429Headers the declared response headers of an HTTP 429 response for HeadButton
-type HeadButtonResponse429Headers struct {
-	CacheControl        string
-	RetryAfter          int
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// HeadButtonResponse500Headers the declared response headers of an HTTP 500 response for HeadButton
-type HeadButtonResponse500Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// HeadButtonResponse503Headers the declared response headers of an HTTP 503 response for HeadButton
-type HeadButtonResponse503Headers struct {
-	CacheControl        string
-	RetryAfter          int
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-type HeadButtonResponse struct {
-	Body         []byte
-	HTTPResponse *http.Response
-	// Headers200 the parsed response headers for an HTTP 200 response
-	Headers200 *HeadButtonResponse200Headers
-	// Headers401 the parsed response headers for an HTTP 401 response
-	Headers401 *HeadButtonResponse401Headers
-	// Headers404 the parsed response headers for an HTTP 404 response
-	Headers404 *HeadButtonResponse404Headers
-	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *HeadButtonResponse429Headers
-	// Headers500 the parsed response headers for an HTTP 500 response
-	Headers500 *HeadButtonResponse500Headers
-	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *HeadButtonResponse503Headers
-}
-
-// GetBody returns the raw response body bytes
-func (r HeadButtonResponse) GetBody() []byte {
-	return r.Body
-}
-
-// Status returns HTTPResponse.Status
-func (r HeadButtonResponse) Status() string {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.Status
-	}
-	return http.StatusText(0)
-}
-
-// StatusCode returns HTTPResponse.StatusCode
-func (r HeadButtonResponse) StatusCode() int {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.StatusCode
-	}
-	return 0
-}
-
-// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r HeadButtonResponse) ContentType() string {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.Header.Get("Content-Type")
-	}
-	return ""
-}
-
-// GetButtonHistoryResponse200Headers the declared response headers of an HTTP 200 response for GetButtonHistory
-type GetButtonHistoryResponse200Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// GetButtonHistoryResponse400Headers the declared response headers of an HTTP 400 response for GetButtonHistory
-type GetButtonHistoryResponse400Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// GetButtonHistoryResponse401Headers the declared response headers of an HTTP 401 response for GetButtonHistory
-type GetButtonHistoryResponse401Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// GetButtonHistoryResponse404Headers the declared response headers of an HTTP 404 response for GetButtonHistory
-type GetButtonHistoryResponse404Headers struct {
-	CacheControl        string
-	IdempotentReplayed  *string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
 // GetButtonHistoryResponse405Headers the declared response headers of an HTTP 405 response for GetButtonHistory
 type GetButtonHistoryResponse405Headers struct {
-	Allow               string
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
+	Allow string
 }
 
 // GetButtonHistoryResponse429Headers the declared response headers of an HTTP 429 response for GetButtonHistory
 type GetButtonHistoryResponse429Headers struct {
-	CacheControl        string
-	RetryAfter          int
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// GetButtonHistoryResponse500Headers the declared response headers of an HTTP 500 response for GetButtonHistory
-type GetButtonHistoryResponse500Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
+	RetryAfter int
 }
 
 // GetButtonHistoryResponse503Headers the declared response headers of an HTTP 503 response for GetButtonHistory
 type GetButtonHistoryResponse503Headers struct {
-	CacheControl        string
-	RetryAfter          int
-	XContentTypeOptions string
-	XRequestId          string
+	RetryAfter int
 }
 
 type GetButtonHistoryResponse struct {
@@ -6025,20 +2636,10 @@ type GetButtonHistoryResponse struct {
 	JSON500 *Internal
 	// JSON503 the response for an HTTP 503 `application/json` response
 	JSON503 *Unavailable
-	// Headers200 the parsed response headers for an HTTP 200 response
-	Headers200 *GetButtonHistoryResponse200Headers
-	// Headers400 the parsed response headers for an HTTP 400 response
-	Headers400 *GetButtonHistoryResponse400Headers
-	// Headers401 the parsed response headers for an HTTP 401 response
-	Headers401 *GetButtonHistoryResponse401Headers
-	// Headers404 the parsed response headers for an HTTP 404 response
-	Headers404 *GetButtonHistoryResponse404Headers
 	// Headers405 the parsed response headers for an HTTP 405 response
 	Headers405 *GetButtonHistoryResponse405Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *GetButtonHistoryResponse429Headers
-	// Headers500 the parsed response headers for an HTTP 500 response
-	Headers500 *GetButtonHistoryResponse500Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *GetButtonHistoryResponse503Headers
 }
@@ -6112,155 +2713,19 @@ func (r GetButtonHistoryResponse) ContentType() string {
 	return ""
 }
 
-// HeadButtonHistoryResponse200Headers the declared response headers of an HTTP 200 response for HeadButtonHistory
-type HeadButtonHistoryResponse200Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// HeadButtonHistoryResponse400Headers the declared response headers of an HTTP 400 response for HeadButtonHistory
-type HeadButtonHistoryResponse400Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// HeadButtonHistoryResponse401Headers the declared response headers of an HTTP 401 response for HeadButtonHistory
-type HeadButtonHistoryResponse401Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// HeadButtonHistoryResponse404Headers the declared response headers of an HTTP 404 response for HeadButtonHistory
-type HeadButtonHistoryResponse404Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// HeadButtonHistoryResponse429Headers the declared response headers of an HTTP 429 response for HeadButtonHistory
-type HeadButtonHistoryResponse429Headers struct {
-	CacheControl        string
-	RetryAfter          int
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// HeadButtonHistoryResponse500Headers the declared response headers of an HTTP 500 response for HeadButtonHistory
-type HeadButtonHistoryResponse500Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// HeadButtonHistoryResponse503Headers the declared response headers of an HTTP 503 response for HeadButtonHistory
-type HeadButtonHistoryResponse503Headers struct {
-	CacheControl        string
-	RetryAfter          int
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-type HeadButtonHistoryResponse struct {
-	Body         []byte
-	HTTPResponse *http.Response
-	// Headers200 the parsed response headers for an HTTP 200 response
-	Headers200 *HeadButtonHistoryResponse200Headers
-	// Headers400 the parsed response headers for an HTTP 400 response
-	Headers400 *HeadButtonHistoryResponse400Headers
-	// Headers401 the parsed response headers for an HTTP 401 response
-	Headers401 *HeadButtonHistoryResponse401Headers
-	// Headers404 the parsed response headers for an HTTP 404 response
-	Headers404 *HeadButtonHistoryResponse404Headers
-	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *HeadButtonHistoryResponse429Headers
-	// Headers500 the parsed response headers for an HTTP 500 response
-	Headers500 *HeadButtonHistoryResponse500Headers
-	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *HeadButtonHistoryResponse503Headers
-}
-
-// GetBody returns the raw response body bytes
-func (r HeadButtonHistoryResponse) GetBody() []byte {
-	return r.Body
-}
-
-// Status returns HTTPResponse.Status
-func (r HeadButtonHistoryResponse) Status() string {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.Status
-	}
-	return http.StatusText(0)
-}
-
-// StatusCode returns HTTPResponse.StatusCode
-func (r HeadButtonHistoryResponse) StatusCode() int {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.StatusCode
-	}
-	return 0
-}
-
-// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r HeadButtonHistoryResponse) ContentType() string {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.Header.Get("Content-Type")
-	}
-	return ""
-}
-
-// ListButtonsResponse200Headers the declared response headers of an HTTP 200 response for ListButtons
-type ListButtonsResponse200Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// ListButtonsResponse400Headers the declared response headers of an HTTP 400 response for ListButtons
-type ListButtonsResponse400Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// ListButtonsResponse401Headers the declared response headers of an HTTP 401 response for ListButtons
-type ListButtonsResponse401Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
 // ListButtonsResponse405Headers the declared response headers of an HTTP 405 response for ListButtons
 type ListButtonsResponse405Headers struct {
-	Allow               string
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
+	Allow string
 }
 
 // ListButtonsResponse429Headers the declared response headers of an HTTP 429 response for ListButtons
 type ListButtonsResponse429Headers struct {
-	CacheControl        string
-	RetryAfter          int
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// ListButtonsResponse500Headers the declared response headers of an HTTP 500 response for ListButtons
-type ListButtonsResponse500Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
+	RetryAfter int
 }
 
 // ListButtonsResponse503Headers the declared response headers of an HTTP 503 response for ListButtons
 type ListButtonsResponse503Headers struct {
-	CacheControl        string
-	RetryAfter          int
-	XContentTypeOptions string
-	XRequestId          string
+	RetryAfter int
 }
 
 type ListButtonsResponse struct {
@@ -6280,18 +2745,10 @@ type ListButtonsResponse struct {
 	JSON500 *Internal
 	// JSON503 the response for an HTTP 503 `application/json` response
 	JSON503 *Unavailable
-	// Headers200 the parsed response headers for an HTTP 200 response
-	Headers200 *ListButtonsResponse200Headers
-	// Headers400 the parsed response headers for an HTTP 400 response
-	Headers400 *ListButtonsResponse400Headers
-	// Headers401 the parsed response headers for an HTTP 401 response
-	Headers401 *ListButtonsResponse401Headers
 	// Headers405 the parsed response headers for an HTTP 405 response
 	Headers405 *ListButtonsResponse405Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *ListButtonsResponse429Headers
-	// Headers500 the parsed response headers for an HTTP 500 response
-	Headers500 *ListButtonsResponse500Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *ListButtonsResponse503Headers
 }
@@ -6360,196 +2817,34 @@ func (r ListButtonsResponse) ContentType() string {
 	return ""
 }
 
-// HeadListButtonsResponse200Headers the declared response headers of an HTTP 200 response for HeadListButtons
-type HeadListButtonsResponse200Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// HeadListButtonsResponse400Headers the declared response headers of an HTTP 400 response for HeadListButtons
-type HeadListButtonsResponse400Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// HeadListButtonsResponse401Headers the declared response headers of an HTTP 401 response for HeadListButtons
-type HeadListButtonsResponse401Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// HeadListButtonsResponse429Headers the declared response headers of an HTTP 429 response for HeadListButtons
-type HeadListButtonsResponse429Headers struct {
-	CacheControl        string
-	RetryAfter          int
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// HeadListButtonsResponse500Headers the declared response headers of an HTTP 500 response for HeadListButtons
-type HeadListButtonsResponse500Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// HeadListButtonsResponse503Headers the declared response headers of an HTTP 503 response for HeadListButtons
-type HeadListButtonsResponse503Headers struct {
-	CacheControl        string
-	RetryAfter          int
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-type HeadListButtonsResponse struct {
-	Body         []byte
-	HTTPResponse *http.Response
-	// Headers200 the parsed response headers for an HTTP 200 response
-	Headers200 *HeadListButtonsResponse200Headers
-	// Headers400 the parsed response headers for an HTTP 400 response
-	Headers400 *HeadListButtonsResponse400Headers
-	// Headers401 the parsed response headers for an HTTP 401 response
-	Headers401 *HeadListButtonsResponse401Headers
-	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *HeadListButtonsResponse429Headers
-	// Headers500 the parsed response headers for an HTTP 500 response
-	Headers500 *HeadListButtonsResponse500Headers
-	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *HeadListButtonsResponse503Headers
-}
-
-// GetBody returns the raw response body bytes
-func (r HeadListButtonsResponse) GetBody() []byte {
-	return r.Body
-}
-
-// Status returns HTTPResponse.Status
-func (r HeadListButtonsResponse) Status() string {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.Status
-	}
-	return http.StatusText(0)
-}
-
-// StatusCode returns HTTPResponse.StatusCode
-func (r HeadListButtonsResponse) StatusCode() int {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.StatusCode
-	}
-	return 0
-}
-
-// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r HeadListButtonsResponse) ContentType() string {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.Header.Get("Content-Type")
-	}
-	return ""
-}
-
 // RestoreButtonResponse200Headers the declared response headers of an HTTP 200 response for RestoreButton
 type RestoreButtonResponse200Headers struct {
-	CacheControl        string
-	ETag                string
-	IdempotentReplayed  *string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// RestoreButtonResponse400Headers the declared response headers of an HTTP 400 response for RestoreButton
-type RestoreButtonResponse400Headers struct {
-	CacheControl        string
-	IdempotentReplayed  *string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// RestoreButtonResponse401Headers the declared response headers of an HTTP 401 response for RestoreButton
-type RestoreButtonResponse401Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// RestoreButtonResponse403Headers the declared response headers of an HTTP 403 response for RestoreButton
-type RestoreButtonResponse403Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// RestoreButtonResponse404Headers the declared response headers of an HTTP 404 response for RestoreButton
-type RestoreButtonResponse404Headers struct {
-	CacheControl        string
-	IdempotentReplayed  *string
-	XContentTypeOptions string
-	XRequestId          string
+	ETag               string
+	IdempotentReplayed *string
 }
 
 // RestoreButtonResponse405Headers the declared response headers of an HTTP 405 response for RestoreButton
 type RestoreButtonResponse405Headers struct {
-	Allow               string
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// RestoreButtonResponse409Headers the declared response headers of an HTTP 409 response for RestoreButton
-type RestoreButtonResponse409Headers struct {
-	CacheControl        string
-	IdempotentReplayed  *string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// RestoreButtonResponse412Headers the declared response headers of an HTTP 412 response for RestoreButton
-type RestoreButtonResponse412Headers struct {
-	CacheControl        string
-	IdempotentReplayed  *string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// RestoreButtonResponse422Headers the declared response headers of an HTTP 422 response for RestoreButton
-type RestoreButtonResponse422Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
+	Allow string
 }
 
 // RestoreButtonResponse429Headers the declared response headers of an HTTP 429 response for RestoreButton
 type RestoreButtonResponse429Headers struct {
-	CacheControl        string
-	RetryAfter          int
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// RestoreButtonResponse500Headers the declared response headers of an HTTP 500 response for RestoreButton
-type RestoreButtonResponse500Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
+	RetryAfter int
 }
 
 // RestoreButtonResponse503Headers the declared response headers of an HTTP 503 response for RestoreButton
 type RestoreButtonResponse503Headers struct {
-	CacheControl        string
-	RetryAfter          int
-	XContentTypeOptions string
-	XRequestId          string
+	RetryAfter int
 }
 
 type RestoreButtonResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
-	JSON200 *ButtonRestored
+	JSON200 *Written
 	// JSON400 the response for an HTTP 400 `application/json` response
-	JSON400 *InvalidHeader
+	JSON400 *InvalidRequest
 	// JSON401 the response for an HTTP 401 `application/json` response
 	JSON401 *Unauthorized
 	// JSON403 the response for an HTTP 403 `application/json` response
@@ -6572,37 +2867,21 @@ type RestoreButtonResponse struct {
 	JSON503 *Unavailable
 	// Headers200 the parsed response headers for an HTTP 200 response
 	Headers200 *RestoreButtonResponse200Headers
-	// Headers400 the parsed response headers for an HTTP 400 response
-	Headers400 *RestoreButtonResponse400Headers
-	// Headers401 the parsed response headers for an HTTP 401 response
-	Headers401 *RestoreButtonResponse401Headers
-	// Headers403 the parsed response headers for an HTTP 403 response
-	Headers403 *RestoreButtonResponse403Headers
-	// Headers404 the parsed response headers for an HTTP 404 response
-	Headers404 *RestoreButtonResponse404Headers
 	// Headers405 the parsed response headers for an HTTP 405 response
 	Headers405 *RestoreButtonResponse405Headers
-	// Headers409 the parsed response headers for an HTTP 409 response
-	Headers409 *RestoreButtonResponse409Headers
-	// Headers412 the parsed response headers for an HTTP 412 response
-	Headers412 *RestoreButtonResponse412Headers
-	// Headers422 the parsed response headers for an HTTP 422 response
-	Headers422 *RestoreButtonResponse422Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *RestoreButtonResponse429Headers
-	// Headers500 the parsed response headers for an HTTP 500 response
-	Headers500 *RestoreButtonResponse500Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *RestoreButtonResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r RestoreButtonResponse) GetJSON200() *ButtonRestored {
+func (r RestoreButtonResponse) GetJSON200() *Written {
 	return r.JSON200
 }
 
 // GetJSON400 returns the response for an HTTP 400 `application/json` response
-func (r RestoreButtonResponse) GetJSON400() *InvalidHeader {
+func (r RestoreButtonResponse) GetJSON400() *InvalidRequest {
 	return r.JSON400
 }
 
@@ -6687,118 +2966,32 @@ func (r RestoreButtonResponse) ContentType() string {
 
 // UpdateButtonResponse200Headers the declared response headers of an HTTP 200 response for UpdateButton
 type UpdateButtonResponse200Headers struct {
-	CacheControl        string
-	ETag                string
-	IdempotentReplayed  *string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// UpdateButtonResponse400Headers the declared response headers of an HTTP 400 response for UpdateButton
-type UpdateButtonResponse400Headers struct {
-	CacheControl        string
-	IdempotentReplayed  *string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// UpdateButtonResponse401Headers the declared response headers of an HTTP 401 response for UpdateButton
-type UpdateButtonResponse401Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// UpdateButtonResponse403Headers the declared response headers of an HTTP 403 response for UpdateButton
-type UpdateButtonResponse403Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// UpdateButtonResponse404Headers the declared response headers of an HTTP 404 response for UpdateButton
-type UpdateButtonResponse404Headers struct {
-	CacheControl        string
-	IdempotentReplayed  *string
-	XContentTypeOptions string
-	XRequestId          string
+	ETag               string
+	IdempotentReplayed *string
 }
 
 // UpdateButtonResponse405Headers the declared response headers of an HTTP 405 response for UpdateButton
 type UpdateButtonResponse405Headers struct {
-	Allow               string
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// UpdateButtonResponse409Headers the declared response headers of an HTTP 409 response for UpdateButton
-type UpdateButtonResponse409Headers struct {
-	CacheControl        string
-	IdempotentReplayed  *string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// UpdateButtonResponse412Headers the declared response headers of an HTTP 412 response for UpdateButton
-type UpdateButtonResponse412Headers struct {
-	CacheControl        string
-	IdempotentReplayed  *string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// UpdateButtonResponse413Headers the declared response headers of an HTTP 413 response for UpdateButton
-type UpdateButtonResponse413Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// UpdateButtonResponse415Headers the declared response headers of an HTTP 415 response for UpdateButton
-type UpdateButtonResponse415Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// UpdateButtonResponse422Headers the declared response headers of an HTTP 422 response for UpdateButton
-type UpdateButtonResponse422Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
+	Allow string
 }
 
 // UpdateButtonResponse429Headers the declared response headers of an HTTP 429 response for UpdateButton
 type UpdateButtonResponse429Headers struct {
-	CacheControl        string
-	RetryAfter          int
-	XContentTypeOptions string
-	XRequestId          string
-}
-
-// UpdateButtonResponse500Headers the declared response headers of an HTTP 500 response for UpdateButton
-type UpdateButtonResponse500Headers struct {
-	CacheControl        string
-	XContentTypeOptions string
-	XRequestId          string
+	RetryAfter int
 }
 
 // UpdateButtonResponse503Headers the declared response headers of an HTTP 503 response for UpdateButton
 type UpdateButtonResponse503Headers struct {
-	CacheControl        string
-	RetryAfter          int
-	XContentTypeOptions string
-	XRequestId          string
+	RetryAfter int
 }
 
 type UpdateButtonResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
-	JSON200 *ButtonUpdated
+	JSON200 *Written
 	// JSON400 the response for an HTTP 400 `application/json` response
-	JSON400 *InvalidUpdate
+	JSON400 *InvalidRequest
 	// JSON401 the response for an HTTP 401 `application/json` response
 	JSON401 *Unauthorized
 	// JSON403 the response for an HTTP 403 `application/json` response
@@ -6825,41 +3018,21 @@ type UpdateButtonResponse struct {
 	JSON503 *Unavailable
 	// Headers200 the parsed response headers for an HTTP 200 response
 	Headers200 *UpdateButtonResponse200Headers
-	// Headers400 the parsed response headers for an HTTP 400 response
-	Headers400 *UpdateButtonResponse400Headers
-	// Headers401 the parsed response headers for an HTTP 401 response
-	Headers401 *UpdateButtonResponse401Headers
-	// Headers403 the parsed response headers for an HTTP 403 response
-	Headers403 *UpdateButtonResponse403Headers
-	// Headers404 the parsed response headers for an HTTP 404 response
-	Headers404 *UpdateButtonResponse404Headers
 	// Headers405 the parsed response headers for an HTTP 405 response
 	Headers405 *UpdateButtonResponse405Headers
-	// Headers409 the parsed response headers for an HTTP 409 response
-	Headers409 *UpdateButtonResponse409Headers
-	// Headers412 the parsed response headers for an HTTP 412 response
-	Headers412 *UpdateButtonResponse412Headers
-	// Headers413 the parsed response headers for an HTTP 413 response
-	Headers413 *UpdateButtonResponse413Headers
-	// Headers415 the parsed response headers for an HTTP 415 response
-	Headers415 *UpdateButtonResponse415Headers
-	// Headers422 the parsed response headers for an HTTP 422 response
-	Headers422 *UpdateButtonResponse422Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *UpdateButtonResponse429Headers
-	// Headers500 the parsed response headers for an HTTP 500 response
-	Headers500 *UpdateButtonResponse500Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *UpdateButtonResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r UpdateButtonResponse) GetJSON200() *ButtonUpdated {
+func (r UpdateButtonResponse) GetJSON200() *Written {
 	return r.JSON200
 }
 
 // GetJSON400 returns the response for an HTTP 400 `application/json` response
-func (r UpdateButtonResponse) GetJSON400() *InvalidUpdate {
+func (r UpdateButtonResponse) GetJSON400() *InvalidRequest {
 	return r.JSON400
 }
 
@@ -6954,127 +3127,37 @@ func (r UpdateButtonResponse) ContentType() string {
 
 // GetHealthWithResponse Health check
 //
-// 200 when the database answers a query, 503 when it does not or refuses writes. Needs no key and is not rate-limited.
+// 200 when the database answers a query, else 503. Needs no key and is not rate-limited.
 //
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /healthz (the `GetHealth` operationId).
-func (c *ClientWithResponses) GetHealthWithResponse(ctx context.Context, params *GetHealthParams, reqEditors ...RequestEditorFn) (*GetHealthResponse, error) {
-	rsp, err := c.GetHealth(ctx, params, reqEditors...)
+func (c *ClientWithResponses) GetHealthWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetHealthResponse, error) {
+	rsp, err := c.GetHealth(ctx, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
 	return ParseGetHealthResponse(rsp)
 }
 
-// HeadHealthWithResponse Health check, headers only
-//
-// As the GET of this path, with the same status and headers and no body.
-//
-// Returns a wrapper object for the known response body format(s).
-//
-// Corresponds with HEAD /healthz (the `HeadHealth` operationId).
-func (c *ClientWithResponses) HeadHealthWithResponse(ctx context.Context, params *HeadHealthParams, reqEditors ...RequestEditorFn) (*HeadHealthResponse, error) {
-	rsp, err := c.HeadHealth(ctx, params, reqEditors...)
-	if err != nil {
-		return nil, err
-	}
-	return ParseHeadHealthResponse(rsp)
-}
-
-// GetMetricsWithResponse Metrics
-//
-// Counters and histograms for Prometheus. Needs no key. A server started with `-metrics=false` answers 404 here.
-//
-// Returns a wrapper object for the known response body format(s).
-//
-// Corresponds with GET /metrics (the `GetMetrics` operationId).
-func (c *ClientWithResponses) GetMetricsWithResponse(ctx context.Context, params *GetMetricsParams, reqEditors ...RequestEditorFn) (*GetMetricsResponse, error) {
-	rsp, err := c.GetMetrics(ctx, params, reqEditors...)
-	if err != nil {
-		return nil, err
-	}
-	return ParseGetMetricsResponse(rsp)
-}
-
-// HeadMetricsWithResponse Metrics, headers only
-//
-// As the GET of this path, with the same status and headers and no body.
-//
-// Returns a wrapper object for the known response body format(s).
-//
-// Corresponds with HEAD /metrics (the `HeadMetrics` operationId).
-func (c *ClientWithResponses) HeadMetricsWithResponse(ctx context.Context, params *HeadMetricsParams, reqEditors ...RequestEditorFn) (*HeadMetricsResponse, error) {
-	rsp, err := c.HeadMetrics(ctx, params, reqEditors...)
-	if err != nil {
-		return nil, err
-	}
-	return ParseHeadMetricsResponse(rsp)
-}
-
 // GetOpenAPIDocumentWithResponse This document
 //
-// The OpenAPI 3.1 description of the API, exactly as the service embeds it. Needs no key.
+// The OpenAPI 3.1 description of the API, as the service embeds it. Needs no key.
 //
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /openapi.json (the `GetOpenAPIDocument` operationId).
-func (c *ClientWithResponses) GetOpenAPIDocumentWithResponse(ctx context.Context, params *GetOpenAPIDocumentParams, reqEditors ...RequestEditorFn) (*GetOpenAPIDocumentResponse, error) {
-	rsp, err := c.GetOpenAPIDocument(ctx, params, reqEditors...)
+func (c *ClientWithResponses) GetOpenAPIDocumentWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetOpenAPIDocumentResponse, error) {
+	rsp, err := c.GetOpenAPIDocument(ctx, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
 	return ParseGetOpenAPIDocumentResponse(rsp)
 }
 
-// HeadOpenAPIDocumentWithResponse This document, headers only
-//
-// As the GET of this path, with the same status and headers and no body.
-//
-// Returns a wrapper object for the known response body format(s).
-//
-// Corresponds with HEAD /openapi.json (the `HeadOpenAPIDocument` operationId).
-func (c *ClientWithResponses) HeadOpenAPIDocumentWithResponse(ctx context.Context, params *HeadOpenAPIDocumentParams, reqEditors ...RequestEditorFn) (*HeadOpenAPIDocumentResponse, error) {
-	rsp, err := c.HeadOpenAPIDocument(ctx, params, reqEditors...)
-	if err != nil {
-		return nil, err
-	}
-	return ParseHeadOpenAPIDocumentResponse(rsp)
-}
-
-// GetChangesWithResponse Follow the account's changes
-//
-// The change feed: the account's buttons changed after `since`, each once as it is now, in the order of their last change. Store `next` and ask again with it as `since`: you see every later change and miss none. A sync job asks again every few seconds. There is no `wait` parameter: like any parameter not listed here, it is a 400.
-//
-// Returns a wrapper object for the known response body format(s).
-//
-// Corresponds with GET /product-payment/changes (the `GetChanges` operationId).
-func (c *ClientWithResponses) GetChangesWithResponse(ctx context.Context, params *GetChangesParams, reqEditors ...RequestEditorFn) (*GetChangesResponse, error) {
-	rsp, err := c.GetChanges(ctx, params, reqEditors...)
-	if err != nil {
-		return nil, err
-	}
-	return ParseGetChangesResponse(rsp)
-}
-
-// HeadChangesWithResponse Follow the account's changes, headers only
-//
-// As the GET of this path, with the same status and headers and no body.
-//
-// Returns a wrapper object for the known response body format(s).
-//
-// Corresponds with HEAD /product-payment/changes (the `HeadChanges` operationId).
-func (c *ClientWithResponses) HeadChangesWithResponse(ctx context.Context, params *HeadChangesParams, reqEditors ...RequestEditorFn) (*HeadChangesResponse, error) {
-	rsp, err := c.HeadChanges(ctx, params, reqEditors...)
-	if err != nil {
-		return nil, err
-	}
-	return ParseHeadChangesResponse(rsp)
-}
-
 // CreateButtonWithBodyWithResponse Create a button
 //
-// Stores a new button for the key's account and answers with its id. Every failing field is reported at once.
+// Stores a new button for the key's account and answers with its id.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -7089,7 +3172,7 @@ func (c *ClientWithResponses) CreateButtonWithBodyWithResponse(ctx context.Conte
 
 // CreateButtonWithResponse Create a button
 //
-// Stores a new button for the key's account and answers with its id. Every failing field is reported at once.
+// Stores a new button for the key's account and answers with its id.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -7104,7 +3187,7 @@ func (c *ClientWithResponses) CreateButtonWithResponse(ctx context.Context, para
 
 // DeleteButtonWithResponse Delete a button
 //
-// Marks an active button deleted. The button is kept: it can still be read, listed with `state=deleted` and restored. No body is read.
+// Marks an active button deleted. It is kept: it can still be read, listed with `state=deleted` and restored. No body is read.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -7124,32 +3207,17 @@ func (c *ClientWithResponses) DeleteButtonWithResponse(ctx context.Context, id P
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /product-payment/get/{id} (the `GetButton` operationId).
-func (c *ClientWithResponses) GetButtonWithResponse(ctx context.Context, id PathId, params *GetButtonParams, reqEditors ...RequestEditorFn) (*GetButtonResponse, error) {
-	rsp, err := c.GetButton(ctx, id, params, reqEditors...)
+func (c *ClientWithResponses) GetButtonWithResponse(ctx context.Context, id PathId, reqEditors ...RequestEditorFn) (*GetButtonResponse, error) {
+	rsp, err := c.GetButton(ctx, id, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
 	return ParseGetButtonResponse(rsp)
 }
 
-// HeadButtonWithResponse Check a button's version
-//
-// The status and headers get would answer, without the body: a cheap way to read a button's `version` from `ETag`.
-//
-// Returns a wrapper object for the known response body format(s).
-//
-// Corresponds with HEAD /product-payment/get/{id} (the `HeadButton` operationId).
-func (c *ClientWithResponses) HeadButtonWithResponse(ctx context.Context, id PathId, params *HeadButtonParams, reqEditors ...RequestEditorFn) (*HeadButtonResponse, error) {
-	rsp, err := c.HeadButton(ctx, id, params, reqEditors...)
-	if err != nil {
-		return nil, err
-	}
-	return ParseHeadButtonResponse(rsp)
-}
-
 // GetButtonHistoryWithResponse Read a button's history
 //
-// Every change ever made to the button, oldest first, a page at a time, with the key and request that made it. Refused requests and `unchanged` updates leave no entry.
+// Every change made to the button, oldest first, a page at a time, with the key and request that made it. Refused requests and `unchanged` updates leave no entry.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -7162,24 +3230,9 @@ func (c *ClientWithResponses) GetButtonHistoryWithResponse(ctx context.Context, 
 	return ParseGetButtonHistoryResponse(rsp)
 }
 
-// HeadButtonHistoryWithResponse Read a button's history, headers only
-//
-// As the GET of this path, with the same status and headers and no body.
-//
-// Returns a wrapper object for the known response body format(s).
-//
-// Corresponds with HEAD /product-payment/history/{id} (the `HeadButtonHistory` operationId).
-func (c *ClientWithResponses) HeadButtonHistoryWithResponse(ctx context.Context, id PathId, params *HeadButtonHistoryParams, reqEditors ...RequestEditorFn) (*HeadButtonHistoryResponse, error) {
-	rsp, err := c.HeadButtonHistory(ctx, id, params, reqEditors...)
-	if err != nil {
-		return nil, err
-	}
-	return ParseHeadButtonHistoryResponse(rsp)
-}
-
 // ListButtonsWithResponse List buttons
 //
-// The account's buttons, newest first, a page at a time: pass the `next` of a page as the `after` of the next request. Buttons created while paging never make a page repeat or skip one. The filters all apply together.
+// The account's buttons, newest first, a page at a time: pass a page's `next` as the next request's `after`. The filters all apply together.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -7190,21 +3243,6 @@ func (c *ClientWithResponses) ListButtonsWithResponse(ctx context.Context, param
 		return nil, err
 	}
 	return ParseListButtonsResponse(rsp)
-}
-
-// HeadListButtonsWithResponse List buttons, headers only
-//
-// As the GET of this path, with the same status and headers and no body.
-//
-// Returns a wrapper object for the known response body format(s).
-//
-// Corresponds with HEAD /product-payment/list (the `HeadListButtons` operationId).
-func (c *ClientWithResponses) HeadListButtonsWithResponse(ctx context.Context, params *HeadListButtonsParams, reqEditors ...RequestEditorFn) (*HeadListButtonsResponse, error) {
-	rsp, err := c.HeadListButtons(ctx, params, reqEditors...)
-	if err != nil {
-		return nil, err
-	}
-	return ParseHeadListButtonsResponse(rsp)
 }
 
 // RestoreButtonWithResponse Restore a deleted button
@@ -7288,7 +3326,7 @@ func ParseGetHealthResponse(rsp *http.Response) (*GetHealthResponse, error) {
 		response.JSON500 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
-		var dest HealthUnavailable
+		var dest Unavailable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -7297,30 +3335,6 @@ func ParseGetHealthResponse(rsp *http.Response) (*GetHealthResponse, error) {
 	}
 
 	switch {
-	case rsp.StatusCode == 200:
-		var headers GetHealthResponse200Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers200 = &headers
 	case rsp.StatusCode == 405:
 		var headers GetHealthResponse405Headers
 		if values := rsp.Header.Values("Allow"); len(values) > 0 {
@@ -7330,61 +3344,9 @@ func ParseGetHealthResponse(rsp *http.Response) (*GetHealthResponse, error) {
 			}
 			headers.Allow = value
 		}
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
 		response.Headers405 = &headers
-	case rsp.StatusCode == 500:
-		var headers GetHealthResponse500Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetHealthResponse503Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
@@ -7392,356 +3354,7 @@ func ParseGetHealthResponse(rsp *http.Response) (*GetHealthResponse, error) {
 			}
 			headers.RetryAfter = value
 		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
 		response.Headers503 = &headers
-	}
-
-	return response, nil
-}
-
-// ParseHeadHealthResponse parses an HTTP response from a HeadHealthWithResponse call
-func ParseHeadHealthResponse(rsp *http.Response) (*HeadHealthResponse, error) {
-	bodyBytes, err := io.ReadAll(rsp.Body)
-	defer func() { _ = rsp.Body.Close() }()
-	if err != nil {
-		return nil, err
-	}
-
-	response := &HeadHealthResponse{
-		Body:         bodyBytes,
-		HTTPResponse: rsp,
-	}
-
-	switch {
-	case rsp.StatusCode == 200:
-		var headers HeadHealthResponse200Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers200 = &headers
-	case rsp.StatusCode == 500:
-		var headers HeadHealthResponse500Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers500 = &headers
-	case rsp.StatusCode == 503:
-		var headers HeadHealthResponse503Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers503 = &headers
-	}
-
-	return response, nil
-}
-
-// ParseGetMetricsResponse parses an HTTP response from a GetMetricsWithResponse call
-func ParseGetMetricsResponse(rsp *http.Response) (*GetMetricsResponse, error) {
-	bodyBytes, err := io.ReadAll(rsp.Body)
-	defer func() { _ = rsp.Body.Close() }()
-	if err != nil {
-		return nil, err
-	}
-
-	response := &GetMetricsResponse{
-		Body:         bodyBytes,
-		HTTPResponse: rsp,
-	}
-
-	switch {
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
-		var dest NoSuchPath
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON404 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 405:
-		var dest MethodNotAllowed
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON405 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
-		var dest Internal
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON500 = &dest
-
-	}
-
-	switch {
-	case rsp.StatusCode == 200:
-		var headers GetMetricsResponse200Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers200 = &headers
-	case rsp.StatusCode == 404:
-		var headers GetMetricsResponse404Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers404 = &headers
-	case rsp.StatusCode == 405:
-		var headers GetMetricsResponse405Headers
-		if values := rsp.Header.Values("Allow"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Allow", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.Allow = value
-		}
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers405 = &headers
-	case rsp.StatusCode == 500:
-		var headers GetMetricsResponse500Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers500 = &headers
-	}
-
-	return response, nil
-}
-
-// ParseHeadMetricsResponse parses an HTTP response from a HeadMetricsWithResponse call
-func ParseHeadMetricsResponse(rsp *http.Response) (*HeadMetricsResponse, error) {
-	bodyBytes, err := io.ReadAll(rsp.Body)
-	defer func() { _ = rsp.Body.Close() }()
-	if err != nil {
-		return nil, err
-	}
-
-	response := &HeadMetricsResponse{
-		Body:         bodyBytes,
-		HTTPResponse: rsp,
-	}
-
-	switch {
-	case rsp.StatusCode == 200:
-		var headers HeadMetricsResponse200Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers200 = &headers
-	case rsp.StatusCode == 404:
-		var headers HeadMetricsResponse404Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers404 = &headers
-	case rsp.StatusCode == 500:
-		var headers HeadMetricsResponse500Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers500 = &headers
 	}
 
 	return response, nil
@@ -7785,30 +3398,6 @@ func ParseGetOpenAPIDocumentResponse(rsp *http.Response) (*GetOpenAPIDocumentRes
 	}
 
 	switch {
-	case rsp.StatusCode == 200:
-		var headers GetOpenAPIDocumentResponse200Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers200 = &headers
 	case rsp.StatusCode == 405:
 		var headers GetOpenAPIDocumentResponse405Headers
 		if values := rsp.Header.Values("Allow"); len(values) > 0 {
@@ -7818,556 +3407,7 @@ func ParseGetOpenAPIDocumentResponse(rsp *http.Response) (*GetOpenAPIDocumentRes
 			}
 			headers.Allow = value
 		}
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
 		response.Headers405 = &headers
-	case rsp.StatusCode == 500:
-		var headers GetOpenAPIDocumentResponse500Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers500 = &headers
-	}
-
-	return response, nil
-}
-
-// ParseHeadOpenAPIDocumentResponse parses an HTTP response from a HeadOpenAPIDocumentWithResponse call
-func ParseHeadOpenAPIDocumentResponse(rsp *http.Response) (*HeadOpenAPIDocumentResponse, error) {
-	bodyBytes, err := io.ReadAll(rsp.Body)
-	defer func() { _ = rsp.Body.Close() }()
-	if err != nil {
-		return nil, err
-	}
-
-	response := &HeadOpenAPIDocumentResponse{
-		Body:         bodyBytes,
-		HTTPResponse: rsp,
-	}
-
-	switch {
-	case rsp.StatusCode == 200:
-		var headers HeadOpenAPIDocumentResponse200Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers200 = &headers
-	case rsp.StatusCode == 500:
-		var headers HeadOpenAPIDocumentResponse500Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers500 = &headers
-	}
-
-	return response, nil
-}
-
-// ParseGetChangesResponse parses an HTTP response from a GetChangesWithResponse call
-func ParseGetChangesResponse(rsp *http.Response) (*GetChangesResponse, error) {
-	bodyBytes, err := io.ReadAll(rsp.Body)
-	defer func() { _ = rsp.Body.Close() }()
-	if err != nil {
-		return nil, err
-	}
-
-	response := &GetChangesResponse{
-		Body:         bodyBytes,
-		HTTPResponse: rsp,
-	}
-
-	switch {
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
-		var dest ChangesFound
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON200 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
-		var dest InvalidQuery
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON400 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
-		var dest Unauthorized
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON401 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 405:
-		var dest MethodNotAllowed
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON405 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
-		var dest RateLimited
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON429 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
-		var dest Internal
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON500 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
-		var dest Unavailable
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON503 = &dest
-
-	}
-
-	switch {
-	case rsp.StatusCode == 200:
-		var headers GetChangesResponse200Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers200 = &headers
-	case rsp.StatusCode == 400:
-		var headers GetChangesResponse400Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers400 = &headers
-	case rsp.StatusCode == 401:
-		var headers GetChangesResponse401Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers401 = &headers
-	case rsp.StatusCode == 405:
-		var headers GetChangesResponse405Headers
-		if values := rsp.Header.Values("Allow"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Allow", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.Allow = value
-		}
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers405 = &headers
-	case rsp.StatusCode == 429:
-		var headers GetChangesResponse429Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers429 = &headers
-	case rsp.StatusCode == 500:
-		var headers GetChangesResponse500Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers500 = &headers
-	case rsp.StatusCode == 503:
-		var headers GetChangesResponse503Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers503 = &headers
-	}
-
-	return response, nil
-}
-
-// ParseHeadChangesResponse parses an HTTP response from a HeadChangesWithResponse call
-func ParseHeadChangesResponse(rsp *http.Response) (*HeadChangesResponse, error) {
-	bodyBytes, err := io.ReadAll(rsp.Body)
-	defer func() { _ = rsp.Body.Close() }()
-	if err != nil {
-		return nil, err
-	}
-
-	response := &HeadChangesResponse{
-		Body:         bodyBytes,
-		HTTPResponse: rsp,
-	}
-
-	switch {
-	case rsp.StatusCode == 200:
-		var headers HeadChangesResponse200Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers200 = &headers
-	case rsp.StatusCode == 400:
-		var headers HeadChangesResponse400Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers400 = &headers
-	case rsp.StatusCode == 401:
-		var headers HeadChangesResponse401Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers401 = &headers
-	case rsp.StatusCode == 429:
-		var headers HeadChangesResponse429Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers429 = &headers
-	case rsp.StatusCode == 500:
-		var headers HeadChangesResponse500Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers500 = &headers
-	case rsp.StatusCode == 503:
-		var headers HeadChangesResponse503Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers503 = &headers
 	}
 
 	return response, nil
@@ -8388,14 +3428,14 @@ func ParseCreateButtonResponse(rsp *http.Response) (*CreateButtonResponse, error
 
 	switch {
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
-		var dest ButtonCreated
+		var dest Written
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
 		response.JSON200 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
-		var dest InvalidCreate
+		var dest InvalidRequest
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -8423,7 +3463,7 @@ func ParseCreateButtonResponse(rsp *http.Response) (*CreateButtonResponse, error
 		response.JSON405 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
-		var dest InFlight
+		var dest Conflict
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -8476,13 +3516,6 @@ func ParseCreateButtonResponse(rsp *http.Response) (*CreateButtonResponse, error
 	switch {
 	case rsp.StatusCode == 200:
 		var headers CreateButtonResponse200Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
 		if values := rsp.Header.Values("ETag"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "ETag", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -8497,100 +3530,7 @@ func ParseCreateButtonResponse(rsp *http.Response) (*CreateButtonResponse, error
 			}
 			headers.IdempotentReplayed = &value
 		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
 		response.Headers200 = &headers
-	case rsp.StatusCode == 400:
-		var headers CreateButtonResponse400Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.IdempotentReplayed = &value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers400 = &headers
-	case rsp.StatusCode == 401:
-		var headers CreateButtonResponse401Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers401 = &headers
-	case rsp.StatusCode == 403:
-		var headers CreateButtonResponse403Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers403 = &headers
 	case rsp.StatusCode == 405:
 		var headers CreateButtonResponse405Headers
 		if values := rsp.Header.Values("Allow"); len(values) > 0 {
@@ -8600,208 +3540,25 @@ func ParseCreateButtonResponse(rsp *http.Response) (*CreateButtonResponse, error
 			}
 			headers.Allow = value
 		}
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
 		response.Headers405 = &headers
-	case rsp.StatusCode == 409:
-		var headers CreateButtonResponse409Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers409 = &headers
-	case rsp.StatusCode == 413:
-		var headers CreateButtonResponse413Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers413 = &headers
-	case rsp.StatusCode == 415:
-		var headers CreateButtonResponse415Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers415 = &headers
-	case rsp.StatusCode == 422:
-		var headers CreateButtonResponse422Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers422 = &headers
 	case rsp.StatusCode == 429:
 		var headers CreateButtonResponse429Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
 		}
 		response.Headers429 = &headers
-	case rsp.StatusCode == 500:
-		var headers CreateButtonResponse500Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers CreateButtonResponse503Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
 		}
 		response.Headers503 = &headers
 	}
@@ -8824,14 +3581,14 @@ func ParseDeleteButtonResponse(rsp *http.Response) (*DeleteButtonResponse, error
 
 	switch {
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
-		var dest ButtonDeleted
+		var dest Written
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
 		response.JSON200 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
-		var dest InvalidHeader
+		var dest InvalidRequest
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -8912,13 +3669,6 @@ func ParseDeleteButtonResponse(rsp *http.Response) (*DeleteButtonResponse, error
 	switch {
 	case rsp.StatusCode == 200:
 		var headers DeleteButtonResponse200Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
 		if values := rsp.Header.Values("ETag"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "ETag", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -8933,131 +3683,7 @@ func ParseDeleteButtonResponse(rsp *http.Response) (*DeleteButtonResponse, error
 			}
 			headers.IdempotentReplayed = &value
 		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
 		response.Headers200 = &headers
-	case rsp.StatusCode == 400:
-		var headers DeleteButtonResponse400Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.IdempotentReplayed = &value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers400 = &headers
-	case rsp.StatusCode == 401:
-		var headers DeleteButtonResponse401Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers401 = &headers
-	case rsp.StatusCode == 403:
-		var headers DeleteButtonResponse403Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers403 = &headers
-	case rsp.StatusCode == 404:
-		var headers DeleteButtonResponse404Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.IdempotentReplayed = &value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers404 = &headers
 	case rsp.StatusCode == 405:
 		var headers DeleteButtonResponse405Headers
 		if values := rsp.Header.Values("Allow"); len(values) > 0 {
@@ -9067,198 +3693,25 @@ func ParseDeleteButtonResponse(rsp *http.Response) (*DeleteButtonResponse, error
 			}
 			headers.Allow = value
 		}
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
 		response.Headers405 = &headers
-	case rsp.StatusCode == 409:
-		var headers DeleteButtonResponse409Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.IdempotentReplayed = &value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers409 = &headers
-	case rsp.StatusCode == 412:
-		var headers DeleteButtonResponse412Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.IdempotentReplayed = &value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers412 = &headers
-	case rsp.StatusCode == 422:
-		var headers DeleteButtonResponse422Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers422 = &headers
 	case rsp.StatusCode == 429:
 		var headers DeleteButtonResponse429Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
 		}
 		response.Headers429 = &headers
-	case rsp.StatusCode == 500:
-		var headers DeleteButtonResponse500Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers DeleteButtonResponse503Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
 		}
 		response.Headers503 = &headers
 	}
@@ -9334,13 +3787,6 @@ func ParseGetButtonResponse(rsp *http.Response) (*GetButtonResponse, error) {
 	switch {
 	case rsp.StatusCode == 200:
 		var headers GetButtonResponse200Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
 		if values := rsp.Header.Values("ETag"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "ETag", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -9348,76 +3794,7 @@ func ParseGetButtonResponse(rsp *http.Response) (*GetButtonResponse, error) {
 			}
 			headers.ETag = value
 		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
 		response.Headers200 = &headers
-	case rsp.StatusCode == 401:
-		var headers GetButtonResponse401Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers401 = &headers
-	case rsp.StatusCode == 404:
-		var headers GetButtonResponse404Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.IdempotentReplayed = &value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers404 = &headers
 	case rsp.StatusCode == 405:
 		var headers GetButtonResponse405Headers
 		if values := rsp.Header.Values("Allow"); len(values) > 0 {
@@ -9427,37 +3804,9 @@ func ParseGetButtonResponse(rsp *http.Response) (*GetButtonResponse, error) {
 			}
 			headers.Allow = value
 		}
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
 		response.Headers405 = &headers
 	case rsp.StatusCode == 429:
 		var headers GetButtonResponse429Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
@@ -9465,258 +3814,15 @@ func ParseGetButtonResponse(rsp *http.Response) (*GetButtonResponse, error) {
 			}
 			headers.RetryAfter = value
 		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
 		response.Headers429 = &headers
-	case rsp.StatusCode == 500:
-		var headers GetButtonResponse500Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetButtonResponse503Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers503 = &headers
-	}
-
-	return response, nil
-}
-
-// ParseHeadButtonResponse parses an HTTP response from a HeadButtonWithResponse call
-func ParseHeadButtonResponse(rsp *http.Response) (*HeadButtonResponse, error) {
-	bodyBytes, err := io.ReadAll(rsp.Body)
-	defer func() { _ = rsp.Body.Close() }()
-	if err != nil {
-		return nil, err
-	}
-
-	response := &HeadButtonResponse{
-		Body:         bodyBytes,
-		HTTPResponse: rsp,
-	}
-
-	switch {
-	case rsp.StatusCode == 200:
-		var headers HeadButtonResponse200Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("ETag"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "ETag", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.ETag = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers200 = &headers
-	case rsp.StatusCode == 401:
-		var headers HeadButtonResponse401Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers401 = &headers
-	case rsp.StatusCode == 404:
-		var headers HeadButtonResponse404Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers404 = &headers
-	case rsp.StatusCode == 429:
-		var headers HeadButtonResponse429Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers429 = &headers
-	case rsp.StatusCode == 500:
-		var headers HeadButtonResponse500Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers500 = &headers
-	case rsp.StatusCode == 503:
-		var headers HeadButtonResponse503Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
 		}
 		response.Headers503 = &headers
 	}
@@ -9797,109 +3903,6 @@ func ParseGetButtonHistoryResponse(rsp *http.Response) (*GetButtonHistoryRespons
 	}
 
 	switch {
-	case rsp.StatusCode == 200:
-		var headers GetButtonHistoryResponse200Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers200 = &headers
-	case rsp.StatusCode == 400:
-		var headers GetButtonHistoryResponse400Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers400 = &headers
-	case rsp.StatusCode == 401:
-		var headers GetButtonHistoryResponse401Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers401 = &headers
-	case rsp.StatusCode == 404:
-		var headers GetButtonHistoryResponse404Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.IdempotentReplayed = &value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers404 = &headers
 	case rsp.StatusCode == 405:
 		var headers GetButtonHistoryResponse405Headers
 		if values := rsp.Header.Values("Allow"); len(values) > 0 {
@@ -9909,37 +3912,9 @@ func ParseGetButtonHistoryResponse(rsp *http.Response) (*GetButtonHistoryRespons
 			}
 			headers.Allow = value
 		}
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
 		response.Headers405 = &headers
 	case rsp.StatusCode == 429:
 		var headers GetButtonHistoryResponse429Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
@@ -9947,275 +3922,15 @@ func ParseGetButtonHistoryResponse(rsp *http.Response) (*GetButtonHistoryRespons
 			}
 			headers.RetryAfter = value
 		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
 		response.Headers429 = &headers
-	case rsp.StatusCode == 500:
-		var headers GetButtonHistoryResponse500Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetButtonHistoryResponse503Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers503 = &headers
-	}
-
-	return response, nil
-}
-
-// ParseHeadButtonHistoryResponse parses an HTTP response from a HeadButtonHistoryWithResponse call
-func ParseHeadButtonHistoryResponse(rsp *http.Response) (*HeadButtonHistoryResponse, error) {
-	bodyBytes, err := io.ReadAll(rsp.Body)
-	defer func() { _ = rsp.Body.Close() }()
-	if err != nil {
-		return nil, err
-	}
-
-	response := &HeadButtonHistoryResponse{
-		Body:         bodyBytes,
-		HTTPResponse: rsp,
-	}
-
-	switch {
-	case rsp.StatusCode == 200:
-		var headers HeadButtonHistoryResponse200Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers200 = &headers
-	case rsp.StatusCode == 400:
-		var headers HeadButtonHistoryResponse400Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers400 = &headers
-	case rsp.StatusCode == 401:
-		var headers HeadButtonHistoryResponse401Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers401 = &headers
-	case rsp.StatusCode == 404:
-		var headers HeadButtonHistoryResponse404Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers404 = &headers
-	case rsp.StatusCode == 429:
-		var headers HeadButtonHistoryResponse429Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers429 = &headers
-	case rsp.StatusCode == 500:
-		var headers HeadButtonHistoryResponse500Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers500 = &headers
-	case rsp.StatusCode == 503:
-		var headers HeadButtonHistoryResponse503Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
 		}
 		response.Headers503 = &headers
 	}
@@ -10289,78 +4004,6 @@ func ParseListButtonsResponse(rsp *http.Response) (*ListButtonsResponse, error) 
 	}
 
 	switch {
-	case rsp.StatusCode == 200:
-		var headers ListButtonsResponse200Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers200 = &headers
-	case rsp.StatusCode == 400:
-		var headers ListButtonsResponse400Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers400 = &headers
-	case rsp.StatusCode == 401:
-		var headers ListButtonsResponse401Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers401 = &headers
 	case rsp.StatusCode == 405:
 		var headers ListButtonsResponse405Headers
 		if values := rsp.Header.Values("Allow"); len(values) > 0 {
@@ -10370,37 +4013,9 @@ func ParseListButtonsResponse(rsp *http.Response) (*ListButtonsResponse, error) 
 			}
 			headers.Allow = value
 		}
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
 		response.Headers405 = &headers
 	case rsp.StatusCode == 429:
 		var headers ListButtonsResponse429Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
@@ -10408,251 +4023,15 @@ func ParseListButtonsResponse(rsp *http.Response) (*ListButtonsResponse, error) 
 			}
 			headers.RetryAfter = value
 		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
 		response.Headers429 = &headers
-	case rsp.StatusCode == 500:
-		var headers ListButtonsResponse500Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers ListButtonsResponse503Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers503 = &headers
-	}
-
-	return response, nil
-}
-
-// ParseHeadListButtonsResponse parses an HTTP response from a HeadListButtonsWithResponse call
-func ParseHeadListButtonsResponse(rsp *http.Response) (*HeadListButtonsResponse, error) {
-	bodyBytes, err := io.ReadAll(rsp.Body)
-	defer func() { _ = rsp.Body.Close() }()
-	if err != nil {
-		return nil, err
-	}
-
-	response := &HeadListButtonsResponse{
-		Body:         bodyBytes,
-		HTTPResponse: rsp,
-	}
-
-	switch {
-	case rsp.StatusCode == 200:
-		var headers HeadListButtonsResponse200Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers200 = &headers
-	case rsp.StatusCode == 400:
-		var headers HeadListButtonsResponse400Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers400 = &headers
-	case rsp.StatusCode == 401:
-		var headers HeadListButtonsResponse401Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers401 = &headers
-	case rsp.StatusCode == 429:
-		var headers HeadListButtonsResponse429Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers429 = &headers
-	case rsp.StatusCode == 500:
-		var headers HeadListButtonsResponse500Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers500 = &headers
-	case rsp.StatusCode == 503:
-		var headers HeadListButtonsResponse503Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
 		}
 		response.Headers503 = &headers
 	}
@@ -10675,14 +4054,14 @@ func ParseRestoreButtonResponse(rsp *http.Response) (*RestoreButtonResponse, err
 
 	switch {
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
-		var dest ButtonRestored
+		var dest Written
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
 		response.JSON200 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
-		var dest InvalidHeader
+		var dest InvalidRequest
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -10763,13 +4142,6 @@ func ParseRestoreButtonResponse(rsp *http.Response) (*RestoreButtonResponse, err
 	switch {
 	case rsp.StatusCode == 200:
 		var headers RestoreButtonResponse200Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
 		if values := rsp.Header.Values("ETag"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "ETag", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -10784,131 +4156,7 @@ func ParseRestoreButtonResponse(rsp *http.Response) (*RestoreButtonResponse, err
 			}
 			headers.IdempotentReplayed = &value
 		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
 		response.Headers200 = &headers
-	case rsp.StatusCode == 400:
-		var headers RestoreButtonResponse400Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.IdempotentReplayed = &value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers400 = &headers
-	case rsp.StatusCode == 401:
-		var headers RestoreButtonResponse401Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers401 = &headers
-	case rsp.StatusCode == 403:
-		var headers RestoreButtonResponse403Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers403 = &headers
-	case rsp.StatusCode == 404:
-		var headers RestoreButtonResponse404Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.IdempotentReplayed = &value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers404 = &headers
 	case rsp.StatusCode == 405:
 		var headers RestoreButtonResponse405Headers
 		if values := rsp.Header.Values("Allow"); len(values) > 0 {
@@ -10918,198 +4166,25 @@ func ParseRestoreButtonResponse(rsp *http.Response) (*RestoreButtonResponse, err
 			}
 			headers.Allow = value
 		}
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
 		response.Headers405 = &headers
-	case rsp.StatusCode == 409:
-		var headers RestoreButtonResponse409Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.IdempotentReplayed = &value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers409 = &headers
-	case rsp.StatusCode == 412:
-		var headers RestoreButtonResponse412Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.IdempotentReplayed = &value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers412 = &headers
-	case rsp.StatusCode == 422:
-		var headers RestoreButtonResponse422Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers422 = &headers
 	case rsp.StatusCode == 429:
 		var headers RestoreButtonResponse429Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
 		}
 		response.Headers429 = &headers
-	case rsp.StatusCode == 500:
-		var headers RestoreButtonResponse500Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers RestoreButtonResponse503Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
 		}
 		response.Headers503 = &headers
 	}
@@ -11132,14 +4207,14 @@ func ParseUpdateButtonResponse(rsp *http.Response) (*UpdateButtonResponse, error
 
 	switch {
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
-		var dest ButtonUpdated
+		var dest Written
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
 		response.JSON200 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
-		var dest InvalidUpdate
+		var dest InvalidRequest
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -11234,13 +4309,6 @@ func ParseUpdateButtonResponse(rsp *http.Response) (*UpdateButtonResponse, error
 	switch {
 	case rsp.StatusCode == 200:
 		var headers UpdateButtonResponse200Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
 		if values := rsp.Header.Values("ETag"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "ETag", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -11255,131 +4323,7 @@ func ParseUpdateButtonResponse(rsp *http.Response) (*UpdateButtonResponse, error
 			}
 			headers.IdempotentReplayed = &value
 		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
 		response.Headers200 = &headers
-	case rsp.StatusCode == 400:
-		var headers UpdateButtonResponse400Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.IdempotentReplayed = &value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers400 = &headers
-	case rsp.StatusCode == 401:
-		var headers UpdateButtonResponse401Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers401 = &headers
-	case rsp.StatusCode == 403:
-		var headers UpdateButtonResponse403Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers403 = &headers
-	case rsp.StatusCode == 404:
-		var headers UpdateButtonResponse404Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.IdempotentReplayed = &value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers404 = &headers
 	case rsp.StatusCode == 405:
 		var headers UpdateButtonResponse405Headers
 		if values := rsp.Header.Values("Allow"); len(values) > 0 {
@@ -11389,246 +4333,25 @@ func ParseUpdateButtonResponse(rsp *http.Response) (*UpdateButtonResponse, error
 			}
 			headers.Allow = value
 		}
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
 		response.Headers405 = &headers
-	case rsp.StatusCode == 409:
-		var headers UpdateButtonResponse409Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.IdempotentReplayed = &value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers409 = &headers
-	case rsp.StatusCode == 412:
-		var headers UpdateButtonResponse412Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.IdempotentReplayed = &value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers412 = &headers
-	case rsp.StatusCode == 413:
-		var headers UpdateButtonResponse413Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers413 = &headers
-	case rsp.StatusCode == 415:
-		var headers UpdateButtonResponse415Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers415 = &headers
-	case rsp.StatusCode == 422:
-		var headers UpdateButtonResponse422Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers422 = &headers
 	case rsp.StatusCode == 429:
 		var headers UpdateButtonResponse429Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
 		}
 		response.Headers429 = &headers
-	case rsp.StatusCode == 500:
-		var headers UpdateButtonResponse500Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
-		}
-		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers UpdateButtonResponse503Headers
-		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.CacheControl = value
-		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
-		}
-		if values := rsp.Header.Values("X-Content-Type-Options"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Content-Type-Options", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XContentTypeOptions = value
-		}
-		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.XRequestId = value
 		}
 		response.Headers503 = &headers
 	}

@@ -103,47 +103,72 @@ func TestLifecycle(t *testing.T) {
 			PaymentType: goclient.OneTime, Metadata: &goclient.MetadataInput{"orderRef": ptr("A-17"), "team": ptr("web")}})
 	answered(t, "create", created, err, 200)
 	id := created.JSON200.Data
-	if created.JSON200.Message != goclient.CreatedResultMessageCreated || !strings.HasPrefix(id, "btn_") {
-		t.Fatalf("create: got %+v, want a new id, created", created.JSON200)
+	if created.JSON200.Message != goclient.WriteResultMessageCreated || !strings.HasPrefix(id, "btn_") ||
+		created.Headers200.ETag != `"1"` {
+		t.Fatalf("create: got %+v and ETag %s, want a new id, created, \"1\"", created.JSON200, created.Headers200.ETag)
 	}
 	other, err := api.CreateButtonWithResponse(ctx, nil, goclient.CreateButtonRequest{ProductName: "Sticker", Amount: "500",
 		Currency: "JPY", PaymentMethod: goclient.TheService, PaymentType: goclient.OneTime, IsLive: true})
 	answered(t, "create without metadata", other, err, 200)
 
-	got, err := api.GetButtonWithResponse(ctx, id, nil)
+	got, err := api.GetButtonWithResponse(ctx, id)
 	answered(t, "get", got, err, 200)
 	b := got.JSON200.Data
-	if got.Headers200.ETag != `"1"` || b.Version != 1 || b.Amount != "19.90" || b.Currency != "USD" || b.ChangeSeq < 1 ||
+	if got.Headers200.ETag != `"1"` || b.Version != 1 || b.Amount != "19.90" || b.Currency != "USD" ||
 		b.State != goclient.ButtonStateActive || !reflect.DeepEqual(b.Metadata, goclient.Metadata{"orderRef": "A-17", "team": "web"}) {
 		t.Fatalf("get: got ETag %s and %+v, want version 1, 19.90 USD, active, its metadata", got.Headers200.ETag, b)
 	}
-	head, err := api.HeadButtonWithResponse(ctx, id, nil)
-	if answered(t, "head", head, err, 200); head.Headers200.ETag != `"1"` {
-		t.Errorf("head: got ETag %s, want \"1\"", head.Headers200.ETag)
-	}
 
-	listed, err := api.ListButtonsWithResponse(ctx, &goclient.ListButtonsParams{Metadata: &goclient.MetadataFilter{"team": "web"}})
-	answered(t, "list by metadata", listed, err, 200)
+	listed, err := api.ListButtonsWithResponse(ctx, &goclient.ListButtonsParams{PaymentMethod: ptr("Stripe"), IsLive: ptr(false)})
+	answered(t, "list by payment method", listed, err, 200)
 	if items := listed.JSON200.Data.Items; len(items) != 1 || items[0].Id != id || listed.JSON200.Data.HasMore {
-		t.Errorf("list?metadata[team]=web: got %+v, want only %s", listed.JSON200.Data, id)
+		t.Errorf("list?paymentMethod=Stripe&isLive=false: got %+v, want only %s", listed.JSON200.Data, id)
+	}
+	// Both buttons, a page of one at a time: the first page's next is its one item's id.
+	firstPage, err := api.ListButtonsWithResponse(ctx, &goclient.ListButtonsParams{Limit: ptr(1)})
+	answered(t, "list, a page of one", firstPage, err, 200)
+	page := firstPage.JSON200.Data
+	if len(page.Items) != 1 || !page.HasMore || page.Next == nil || *page.Next != page.Items[0].Id {
+		t.Fatalf("list?limit=1: got %+v, want one button, and its id as next", page)
+	}
+	secondPage, err := api.ListButtonsWithResponse(ctx, &goclient.ListButtonsParams{Limit: ptr(1), After: page.Next})
+	answered(t, "list, the next page", secondPage, err, 200)
+	seen := []string{page.Items[0].Id}
+	if page = secondPage.JSON200.Data; len(page.Items) != 1 || page.HasMore || page.Next != nil {
+		t.Fatalf("list?limit=1&after=%s: got %+v, want the other button and no more", seen[0], page)
+	}
+	if seen = append(seen, page.Items[0].Id); !reflect.DeepEqual(seen, []string{other.JSON200.Data, id}) &&
+		!reflect.DeepEqual(seen, []string{id, other.JSON200.Data}) {
+		t.Errorf("list, two pages of one: got %v, want %s and %s", seen, id, other.JSON200.Data)
 	}
 
 	change := goclient.UpdateButtonRequest{Amount: ptr("12.00"), Metadata: &goclient.MetadataInput{"orderRef": nil}}
 	updated, err := api.UpdateButtonWithResponse(ctx, id, &goclient.UpdateButtonParams{IfMatch: ptr(`"1"`)}, change)
 	answered(t, "update", updated, err, 200)
-	if updated.JSON200.Message != goclient.UpdatedResultMessageUpdated {
-		t.Errorf("update: got message %s, want updated", updated.JSON200.Message)
+	if updated.JSON200.Message != goclient.WriteResultMessageUpdated || updated.Headers200.ETag != `"2"` {
+		t.Errorf("update: got message %s and ETag %s, want updated, \"2\"", updated.JSON200.Message, updated.Headers200.ETag)
 	}
 	stale, err := api.UpdateButtonWithResponse(ctx, id, &goclient.UpdateButtonParams{IfMatch: ptr(`"1"`)}, change)
 	answered(t, "update with a stale If-Match", stale, err, 412)
 	again, err := api.UpdateButtonWithResponse(ctx, id, nil, change)
-	if answered(t, "the same update again", again, err, 200); again.JSON200.Message != goclient.UpdatedResultMessageUnchanged {
-		t.Errorf("the same update again: got message %s, want unchanged", again.JSON200.Message)
+	if answered(t, "the same update again", again, err, 200); again.JSON200.Message != goclient.WriteResultMessageUnchanged ||
+		again.Headers200.ETag != `"2"` {
+		t.Errorf("the same update again: got message %s and ETag %s, want unchanged, \"2\"", again.JSON200.Message, again.Headers200.ETag)
 	}
 	deleted, err := api.DeleteButtonWithResponse(ctx, id, &goclient.DeleteButtonParams{IfMatch: ptr(`"2"`)})
 	answered(t, "delete", deleted, err, 200)
+	if deleted.JSON200.Message != goclient.WriteResultMessageDeleted || deleted.Headers200.ETag != `"3"` {
+		t.Errorf("delete: got message %s and ETag %s, want deleted, \"3\"", deleted.JSON200.Message, deleted.Headers200.ETag)
+	}
+	gone, err := api.UpdateButtonWithResponse(ctx, id, nil, goclient.UpdateButtonRequest{ProductName: ptr("Pro")})
+	if answered(t, "update of a deleted button", gone, err, 409); gone.JSON409.Code != goclient.ErrorCodeWrongState {
+		t.Errorf("update of a deleted button: got code %s, want wrong_state", gone.JSON409.Code)
+	}
 	restored, err := api.RestoreButtonWithResponse(ctx, id, &goclient.RestoreButtonParams{IfMatch: ptr(`"3"`)})
 	answered(t, "restore", restored, err, 200)
+	if restored.JSON200.Message != goclient.WriteResultMessageRestored || restored.Headers200.ETag != `"4"` {
+		t.Errorf("restore: got message %s and ETag %s, want restored, \"4\"", restored.JSON200.Message, restored.Headers200.ETag)
+	}
 
 	// History, two entries a page: create and update, then delete and restore.
 	var sizes []int
@@ -162,23 +187,12 @@ func TestLifecycle(t *testing.T) {
 			t.Errorf("history[%d]: got %s version %d, want %s version %d", i, entries[i].Action, entries[i].Version, action, i+1)
 		}
 	}
-	repriced, unset := entries[1].Changes.Amount, entries[1].Changes.AdditionalProperties["metadata.orderRef"]
-	if repriced == nil || *repriced.From != "19.90" || *repriced.To != "12.00" || *unset.From != "A-17" || unset.To != nil {
+	repriced, rok := entries[1].Changes.AdditionalProperties["amount"]
+	unset, uok := entries[1].Changes.AdditionalProperties["metadata.orderRef"]
+	if !rok || !uok || len(entries[1].Changes.AdditionalProperties) != 2 || entries[1].Changes.IsLive != nil ||
+		repriced.From == nil || *repriced.From != "19.90" || repriced.To == nil || *repriced.To != "12.00" ||
+		unset.From == nil || *unset.From != "A-17" || unset.To != nil {
 		t.Errorf("history[1] changes: got %+v, want amount 19.90 -> 12.00 and metadata.orderRef A-17 -> null", entries[1].Changes)
-	}
-
-	// The change feed: each button once, as it is now, in the order of its last change.
-	feed, err := api.GetChangesWithResponse(ctx, &goclient.GetChangesParams{Since: ptr(int64(0))})
-	answered(t, "changes", feed, err, 200)
-	items := feed.JSON200.Data.Items
-	if len(items) != 2 || items[0].Id != other.JSON200.Data || items[1].Id != id || items[1].Version != 4 ||
-		feed.JSON200.Data.Next != items[1].ChangeSeq || feed.JSON200.Data.HasMore {
-		t.Fatalf("changes?since=0: got %+v, want the other button, then %s at version 4, next its changeSeq", feed.JSON200.Data, id)
-	}
-	quiet, err := api.GetChangesWithResponse(ctx, &goclient.GetChangesParams{Since: &feed.JSON200.Data.Next})
-	answered(t, "changes with nothing new", quiet, err, 200)
-	if len(quiet.JSON200.Data.Items) != 0 || quiet.JSON200.Data.Next != feed.JSON200.Data.Next {
-		t.Errorf("changes?since=%d: got %+v, want nothing, the same next", feed.JSON200.Data.Next, quiet.JSON200.Data)
 	}
 
 	// A read-only key reads, and is refused any change.
@@ -187,14 +201,14 @@ func TestLifecycle(t *testing.T) {
 		t.Fatalf("keys create -read-only: %v", err)
 	}
 	reader := client(t, srv.url, strings.TrimSpace(string(out)))
-	read, err := reader.GetButtonWithResponse(ctx, id, nil)
+	read, err := reader.GetButtonWithResponse(ctx, id)
 	answered(t, "get with a read-only key", read, err, 200)
 	refused, err := reader.DeleteButtonWithResponse(ctx, id, nil)
 	answered(t, "delete with a read-only key", refused, err, 403)
-	if refused.JSON403.Code != goclient.ForbiddenErrorCodeForbidden {
+	if refused.JSON403.Code != goclient.ErrorCodeForbidden {
 		t.Errorf("delete with a read-only key: got code %s, want forbidden", refused.JSON403.Code)
 	}
-	if after, err := api.GetButtonWithResponse(ctx, id, nil); err != nil || after.JSON200.Data.Version != 4 {
+	if after, err := api.GetButtonWithResponse(ctx, id); err != nil || after.JSON200.Data.Version != 4 {
 		t.Errorf("after the refused delete: got %+v (%v), want the button unchanged at version 4", after.JSON200, err)
 	}
 }
@@ -208,7 +222,7 @@ func TestMoneyTravelsAsText(t *testing.T) {
 		Amount: "123456789.12", Currency: "USD", PaymentMethod: goclient.StripeConnect,
 		ApplicationFeePercentage: ptr("33.33"), PaymentType: goclient.OneTime})
 	answered(t, "create", created, err, 200)
-	got, err := api.GetButtonWithResponse(ctx, created.JSON200.Data, nil)
+	got, err := api.GetButtonWithResponse(ctx, created.JSON200.Data)
 	answered(t, "get", got, err, 200)
 	if b := got.JSON200.Data; b.Amount != "123456789.12" || b.ApplicationFeePercentage == nil || *b.ApplicationFeePercentage != "33.33" {
 		t.Errorf("get: got amount %q, fee %v; want exactly 123456789.12 and 33.33", b.Amount, b.ApplicationFeePercentage)
