@@ -33,9 +33,6 @@ func TestHelperServerProcess(t *testing.T) {
 	os.Exit(0)
 }
 
-// longProcessTests asks for more crash cycles and rounds: CI sets PAYBUTTONS_LONG_TESTS=1.
-var longProcessTests = os.Getenv("PAYBUTTONS_LONG_TESTS") == "1"
-
 // childCommand is the program with args as a child process, without the caller's PAYBUTTONS_ variables or -race sleep.
 func childCommand(args ...string) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], append([]string{"-test.run=^TestHelperServerProcess$", "--"}, args...)...)
@@ -96,7 +93,7 @@ func TestCrashKeepsAnsweredWrites(t *testing.T) {
 		t.Skip("Windows has no SIGTERM to send")
 	}
 	t.Parallel()
-	cycles, workers, db := map[bool]int{false: 3, true: 20}[longProcessTests], 6, t.TempDir()+"/crash.db"
+	cycles, workers, db := map[bool]int{false: 3, true: 20}[os.Getenv("PAYBUTTONS_LONG_TESTS") == "1"], 6, t.TempDir()+"/crash.db"
 	key, buttons := "", []*crashButton{}
 	for cycle := range cycles + 1 {
 		c, mine, acked, wg := startChild(t, db), make([][]*crashButton, workers), atomic.Int64{}, sync.WaitGroup{}

@@ -37,8 +37,9 @@ type server struct {
 	inFlight     sync.Map // account and Idempotency-Key of every write running
 }
 
-// keyedHandler handles a request whose API key has been admitted: who is the key's account.
-type keyedHandler func(w http.ResponseWriter, r *http.Request, who actor)
+// keyedHandler handles a request whose API key has been admitted, for the key's account; an error
+// it returns is the answer.
+type keyedHandler func(w http.ResponseWriter, r *http.Request, who actor) error
 
 // openAPIDocument describes the API; it is served as it is.
 //
@@ -48,8 +49,9 @@ var openAPIDocument []byte
 // newServer returns the whole API. Every answer but the OpenAPI document is the JSON envelope, the
 // mux's own 404 and 405 included.
 func newServer(st *store, log *slog.Logger, cfg config) http.Handler {
-	s := &server{store: st, log: log, providerName: cfg.providerName,
-		limiter: &rateLimiter{rate: cfg.rate, burst: float64(cfg.burst), buckets: map[string]*bucket{}}}
+	limiter := &rateLimiter{rate: cfg.rate, burst: float64(cfg.burst)}
+	limiter.buckets = map[string]*bucket{}
+	s := &server{store: st, log: log, providerName: cfg.providerName, limiter: limiter}
 	mux := http.NewServeMux()
 	route := func(method, path string, h http.HandlerFunc) {
 		mux.HandleFunc(method+" "+path, h)
@@ -93,44 +95,43 @@ func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
 		0), nil)
 }
 
-func (s *server) handleCreate(w http.ResponseWriter, r *http.Request, who actor) {
+func (s *server) handleCreate(w http.ResponseWriter, r *http.Request, who actor) error {
 	body, err := readBody(w, r)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	b, refusal := decodeCreate(body, s.providerName)
-	s.write(w, r, who, body, "created", refusal, func(tx writeTx) (button, bool, error) {
+	return s.write(w, r, who, body, "created", refusal, func(tx writeTx) (button, bool, error) {
 		b, err := tx.create(who, b)
 		return b, true, err
 	})
 }
 
-func (s *server) handleGet(w http.ResponseWriter, r *http.Request, who actor) {
+func (s *server) handleGet(w http.ResponseWriter, r *http.Request, who actor) error {
 	b, err := s.store.get(r.Context(), who.Account, r.PathValue("id"))
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	s.writeData(w, r, viewOf(b), b.Version)
+	return nil
 }
 
-func (s *server) handleList(w http.ResponseWriter, r *http.Request, who actor) {
+func (s *server) handleList(w http.ResponseWriter, r *http.Request, who actor) error {
 	q, err := decodeListQuery(r.URL.RawQuery, s.providerName)
-	var buttons []button
-	var more bool
-	if err == nil {
-		buttons, more, err = s.store.list(r.Context(), who.Account, q)
-	}
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
+	}
+	buttons, more, err := s.store.list(r.Context(), who.Account, q)
+	if err != nil {
+		return err
 	}
 	views, last := []map[string]any{}, ""
 	for _, b := range buttons {
-		views, last = append(views, viewOf(b)), b.ID
+		views = append(views, viewOf(b))
+		last = b.ID
 	}
 	s.writeData(w, r, pageOf(views, more, last), 0)
+	return nil
 }
 
 // pageOf is the data of an answer that lists: the items, whether more follow, and the cursor that
@@ -142,37 +143,42 @@ func pageOf[T any](items []T, more bool, next any) map[string]any {
 	return map[string]any{"items": items, "hasMore": more, "next": next}
 }
 
-func (s *server) handleHistory(w http.ResponseWriter, r *http.Request, who actor) {
+func (s *server) handleHistory(w http.ResponseWriter, r *http.Request, who actor) error {
 	limit, after, err := decodeHistoryQuery(r.URL.RawQuery)
-	var entries []historyEntry
-	var more bool
-	if err == nil {
-		id := r.PathValue("id")
-		entries, more, err = s.store.history(r.Context(), who.Account, id, after, limit)
-	}
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
+	}
+	entries, more, err := s.store.history(r.Context(), who.Account, r.PathValue("id"), after, limit)
+	if err != nil {
+		return err
 	}
 	items := []map[string]any{}
 	for _, e := range entries {
-		was, is, changes := auditedFields(e.Before), auditedFields(e.After), map[string]any{}
-		for _, fields := range []map[string]any{was, is} { // a metadata key may come or go
-			for name := range fields {
-				if was[name] != is[name] {
-					changes[name] = map[string]any{"from": was[name], "to": is[name]}
-				}
-			}
-		}
 		items = append(items, map[string]any{"version": e.Version, "at": e.After.UpdatedAt,
-			"action": e.Action, "keyId": e.KeyID, "requestId": e.RequestID, "changes": changes})
+			"action": e.Action, "keyId": e.KeyID, "requestId": e.RequestID,
+			"changes": changes(e.Before, e.After)})
 		after = e.Version
 	}
 	s.writeData(w, r, pageOf(items, more, after), 0)
+	return nil
 }
 
-// auditedFields are the fields of b that history reports changes of, as get shows them, each
-// metadata key on its own ("metadata.orderRef"); none before a create.
+// changes lists what a change did to the fields get shows, each metadata key on its own
+// ("metadata.orderRef"), as {"from", "to"}; from before a create (no button), every field it set.
+func changes(before, after button) map[string]any {
+	was, is := auditedFields(before), auditedFields(after)
+	changed := map[string]any{}
+	for _, fields := range []map[string]any{was, is} { // a metadata key may come or go
+		for name := range fields {
+			if was[name] != is[name] {
+				changed[name] = map[string]any{"from": was[name], "to": is[name]}
+			}
+		}
+	}
+	return changed
+}
+
+// auditedFields are the fields of b that history reports changes of.
 func auditedFields(b button) map[string]any {
 	if b.ID == "" {
 		return map[string]any{}
@@ -188,114 +194,102 @@ func auditedFields(b button) map[string]any {
 	return fields
 }
 
-func (s *server) handleUpdate(w http.ResponseWriter, r *http.Request, who actor) {
+func (s *server) handleUpdate(w http.ResponseWriter, r *http.Request, who actor) error {
 	body, err := readBody(w, r)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	ifMatch, refusal := parseIfMatch(r.Header.Get("If-Match"))
 	update, err := decodeUpdate(body)
-	change := func(tx writeTx) (button, bool, error) {
-		return tx.change(who, r.PathValue("id"), ifMatch, "update", update.edit)
-	}
-	s.write(w, r, who, body, "updated", cmp.Or(refusal, err), change)
+	return s.write(w, r, who, body, "updated", cmp.Or(refusal, err),
+		func(tx writeTx) (button, bool, error) {
+			return tx.change(who, r.PathValue("id"), ifMatch, "update", update.edit)
+		})
 }
 
 // handleStateChange handles delete and restore, whose only input but the id is If-Match: a body is
 // ignored.
 func (s *server) handleStateChange(action string) keyedHandler {
-	return func(w http.ResponseWriter, r *http.Request, who actor) {
+	return func(w http.ResponseWriter, r *http.Request, who actor) error {
 		ifMatch, refusal := parseIfMatch(r.Header.Get("If-Match"))
-		change := func(tx writeTx) (button, bool, error) {
+		return s.write(w, r, who, nil, action+"d", refusal, func(tx writeTx) (button, bool, error) {
 			return tx.change(who, r.PathValue("id"), ifMatch, action, nil)
-		}
-		s.write(w, r, who, nil, action+"d", refusal, change) // deleted, restored
+		})
 	}
 }
 
-// write runs change in a transaction of its own and answers it: with refusal when the request broke
-// a rule before the change could run, else with what the change did: message, or "unchanged" when
-// it changed nothing.
+// write answers a write request: with refusal when it broke a rule before its change could run,
+// else with what change did in a transaction of its own: message, or "unchanged" when it changed
+// nothing.
 //
-// With an Idempotency-Key the answer is kept with the change, in the same transaction, and a repeat
-// of the same request (method, path, query, If-Match and body) gets it again byte for byte. The key
-// with another request is a 422, and while the first request still runs, a 409. An answer of 5xx is
-// never kept: a retry runs afresh.
+// With an Idempotency-Key the answer is kept in the same transaction as the change (a crash keeps
+// both or neither), and a repeat of the same request (method, path, query, If-Match and body) gets
+// it again, byte for byte. The key with another request is a 422, and while the first request runs,
+// a 409. A 5xx is never kept: a retry runs afresh.
 func (s *server) write(w http.ResponseWriter, r *http.Request, who actor, body []byte,
-	message string, refusal error, change func(writeTx) (button, bool, error)) {
+	message string, refusal error, change func(writeTx) (button, bool, error)) error {
 	keys, idempotent := r.Header["Idempotency-Key"]
-	var fingerprint []byte
+	var fingerprint [sha256.Size]byte
 	if idempotent {
 		if len(keys) > 1 || len(keys[0]) < 1 || len(keys[0]) > 255 ||
 			strings.ContainsFunc(keys[0], func(c rune) bool { return c < ' ' || c > '~' }) {
-			s.writeError(w, r, invalid(map[string]string{
-				"Idempotency-Key": "must be 1 to 255 printable ASCII characters, sent once"}))
-			return
+			return invalid(map[string]string{
+				"Idempotency-Key": "must be 1 to 255 printable ASCII characters, sent once"})
 		}
 		slot := who.Account + "\x00" + keys[0]
 		if _, running := s.inFlight.LoadOrStore(slot, true); running {
-			s.writeError(w, r, &apiError{code: codeInFlight,
-				message: "a request with this Idempotency-Key is still running; retry shortly"})
-			return
+			return &apiError{code: codeInFlight,
+				message: "a request with this Idempotency-Key is still running; retry shortly"}
 		}
 		defer s.inFlight.Delete(slot)
-		sum := sha256.Sum256(fmt.Appendf(nil, "%s %s?%s\n%s\n%s", r.Method, r.URL.EscapedPath(),
-			r.URL.RawQuery, r.Header.Get("If-Match"), body))
-		fingerprint = sum[:]
+		fingerprint = sha256.Sum256(fmt.Appendf(nil, "%s %s?%s\n%s\n%s", r.Method,
+			r.URL.EscapedPath(), r.URL.RawQuery, r.Header.Get("If-Match"), body))
 		// Looked up once claimed: a first request that held the claim has committed its answer.
 		kept, err := s.store.findAnswer(r.Context(), who.Account, keys[0])
-		switch {
-		case err == nil && !bytes.Equal(kept.Fingerprint, fingerprint):
-			s.writeError(w, r, &apiError{code: codeMismatch,
-				message: "this Idempotency-Key was used with a different request; use a new key"})
-			return
-		case err == nil:
+		if err == nil && !bytes.Equal(kept.Fingerprint, fingerprint[:]) {
+			return &apiError{code: codeMismatch,
+				message: "this Idempotency-Key was used with a different request; use a new key"}
+		} else if err == nil {
 			w.Header().Set("Idempotent-Replayed", "true")
 			s.send(w, r, kept, nil)
-			return
-		case err != errNotFound:
-			s.writeError(w, r, err)
-			return
+			return nil
+		} else if err != errNotFound {
+			return err
 		}
 	} else if refusal != nil {
-		s.writeError(w, r, refusal)
-		return
+		return refusal
 	}
 
 	tx, err := s.store.begin(r.Context())
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	defer tx.Rollback()
 	b, changed, err := button{}, false, refusal
 	if refusal == nil {
 		b, changed, err = change(tx)
 	}
-	a := renderError(err)
-	if err == nil {
-		if !changed {
-			message = "unchanged"
-		}
-		a = render(200, envelope{IsSuccess: true, Data: b.ID, Message: message}, b.Version)
+	if err == nil && !changed {
+		message = "unchanged"
+	}
+	a := render(200, envelope{IsSuccess: true, Data: b.ID, Message: message}, b.Version)
+	if err != nil {
+		a = renderError(err)
 	}
 	if a.Status >= 500 {
-		s.send(w, r, a, err)
-		return
+		return err
 	}
 	if idempotent {
-		a.Fingerprint = fingerprint
-		err = tx.keepAnswer(who.Account, keys[0], a)
+		a.Fingerprint = fingerprint[:]
+		if err := tx.keepAnswer(who.Account, keys[0], a); err != nil {
+			return err
+		}
 	}
-	if err == nil {
-		err = tx.Commit()
-	}
-	if err != nil {
-		s.writeError(w, r, err)
-		return
+	if err := tx.Commit(); err != nil {
+		return err
 	}
 	s.send(w, r, a, nil)
+	return nil
 }
 
 // --- the envelope ---
@@ -387,14 +381,51 @@ func (s *server) keyed(write bool, h keyedHandler) http.HandlerFunc {
 			rec.keyID = key.ID // for the access log
 		}
 		if write && key.ReadOnly {
-			s.writeError(w, r, &apiError{code: codeForbidden, message: "this API key is read-only"})
+			err = &apiError{code: codeForbidden, message: "this API key is read-only"}
 		} else if wait := s.limiter.wait(key.ID, time.Now()); wait > 0 {
-			s.writeError(w, r, &apiError{code: codeRateLimited, retry: wait,
-				message: "too many requests for this API key; retry later"})
+			err = &apiError{code: codeRateLimited, retry: wait,
+				message: "too many requests for this API key; retry later"}
 		} else {
-			h(w, r, actor{key.Account, key.ID, r.Header.Get("X-Request-Id")})
+			err = h(w, r, actor{key.Account, key.ID, r.Header.Get("X-Request-Id")})
+		}
+		if err != nil {
+			s.writeError(w, r, err)
 		}
 	}
+}
+
+// rateLimiter is a token bucket per API key: rate tokens a second, up to burst. A rate of 0 turns
+// it off.
+type rateLimiter struct {
+	rate, burst float64
+	mu          sync.Mutex
+	buckets     map[string]*bucket // by key id: as many as there are keys
+}
+
+type bucket struct {
+	tokens float64
+	at     time.Time // when tokens was counted
+}
+
+// wait takes a token from key's bucket and returns 0 or, when it is empty, how long until it holds
+// one.
+func (l *rateLimiter) wait(key string, t time.Time) time.Duration {
+	if l.rate == 0 {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b := l.buckets[key]
+	if b == nil {
+		b = &bucket{tokens: l.burst, at: t}
+		l.buckets[key] = b
+	}
+	b.tokens, b.at = min(l.burst, b.tokens+t.Sub(b.at).Seconds()*l.rate), t
+	if b.tokens < 1 {
+		return time.Duration((1 - b.tokens) / l.rate * float64(time.Second))
+	}
+	b.tokens--
+	return 0
 }
 
 // withBasics sets the headers of every answer and gives the request its id: the caller's

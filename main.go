@@ -23,7 +23,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -43,7 +42,9 @@ type usageError struct{ msg string }
 func (e *usageError) Error() string { return e.msg }
 
 func exitStatus(err error) int {
-	if errors.As(err, new(*usageError)) {
+	if err == nil {
+		return 0
+	} else if errors.As(err, new(*usageError)) {
 		return 2
 	}
 	return 1
@@ -162,7 +163,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 
 	// In this order: a second server is refused before it touches the file, and a start that fails
 	// mints no key.
-	if dbPath, err = dbFile(dbPath); err != nil {
+	dbPath, err = dbFile(dbPath)
+	if err != nil {
 		return err
 	}
 	lock, err := lockServer(dbPath)
@@ -219,74 +221,112 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	return nil
 }
 
-// fileCommand runs the commands that work on the database file, beside a running server: keys
-// create, list and revoke, backup (a consistent copy) and check (PRAGMA integrity_check: "ok", else
-// exit status 1).
+// fileCommand runs a command that works on the database file beside a running server: keys
+// create, list and revoke, backup (a consistent copy) and check (PRAGMA integrity_check).
 func fileCommand(ctx context.Context, command string, args []string, getenv func(string) string,
 	stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet(command, flag.ContinueOnError)
-	account, readOnly := new(string), new(bool)
-	if command == "keys create" {
-		fs.StringVar(account, "account", "", "account the new key belongs to")
-		fs.BoolVar(readOnly, "read-only", false, "the new key may read buttons, never change them")
-	}
+	account := fs.String("account", "", "keys create: the account of the new key")
+	readOnly := fs.Bool("read-only", false, "keys create: the new key reads, never changes")
 	dbPath, err := parseFlags(fs, args, getenv)
-	operand := map[string]string{"keys revoke": "KEY_ID", "backup": "DEST_FILE"}[command]
-	switch _, statErr := os.Stat(dbPath); {
+	wantArgs := 0
+	if command == "keys revoke" || command == "backup" {
+		wantArgs = 1 // KEY_ID, DEST_FILE
+	}
+	_, statErr := os.Stat(dbPath)
+	switch {
 	case err != nil:
 		return err
-	case command == "keys create" && (len(*account) < 1 || len(*account) > 64 ||
-		!onlyOf(*account, nameChars)):
+	case command != "keys create" && (*account != "" || *readOnly):
+		return &usageError{"only keys create takes -account and -read-only"}
+	case command == "keys create" && !(len(*account) >= 1 && len(*account) <= 64 &&
+		onlyOf(*account, nameChars)):
 		return &usageError{"keys create needs -account NAME: 1 to 64 of A-Z a-z 0-9 . _ -"}
-	case operand == "" && fs.NArg() > 0:
-		return &usageError{fmt.Sprintf("%s takes no arguments, got %q", command, fs.Arg(0))}
-	case operand != "" && fs.NArg() != 1:
-		return &usageError{fmt.Sprintf("%s needs exactly one %s", command, operand)}
+	case fs.NArg() != wantArgs:
+		return &usageError{fmt.Sprintf("%s takes %d argument(s), got %d", command, wantArgs,
+			fs.NArg())}
 	case command != "keys create" && statErr != nil:
 		return fmt.Errorf("no database at %q", dbPath)
 	}
-	if dbPath, err = dbFile(dbPath); err != nil {
+	dbPath, err = dbFile(dbPath)
+	if err != nil {
 		return err
 	}
 	st, err := openStore(dbPath)
 	if err != nil {
 		return err
 	}
-	switch dest := fs.Arg(0); command {
+	switch command {
 	case "keys create":
-		var secret, id string
-		if secret, id, err = st.createKey(ctx, *account, *readOnly); err == nil {
-			fmt.Fprintln(stdout, secret)
-			fmt.Fprintf(stderr, "paybuttons: created %s for account %q\n", id, *account)
-		}
+		err = createKey(ctx, st, *account, *readOnly, stdout, stderr)
 	case "keys list":
-		var keys []apiKey
-		keys, err = st.listKeys(ctx)
-		for _, k := range keys {
-			scope := map[bool]string{false: "read-write", true: "read-only"}[k.ReadOnly]
-			fmt.Fprintf(stdout, "%s\t%s\t%s\tcreated %s\tlast used %s\trevoked %s\n",
-				k.ID, k.Account, scope, k.CreatedAt, cmp.Or(k.LastUsedAt, "never"),
-				cmp.Or(k.RevokedAt, "never"))
-		}
+		err = listKeys(ctx, st, stdout)
 	case "keys revoke":
-		err = st.revokeKey(ctx, dest)
+		err = st.revokeKey(ctx, fs.Arg(0))
+	case "backup":
+		err = backup(st, dbPath, fs.Arg(0), stdout)
 	case "check":
-		var report string
-		err = st.writer.QueryRowContext(ctx, `SELECT group_concat(integrity_check, char(10))
-			FROM pragma_integrity_check`).Scan(&report)
-		if fmt.Fprintln(stdout, report); err == nil && report != "ok" {
-			err = fmt.Errorf("database %q is damaged: restore it from a backup", dbPath)
-		}
-	case "backup": // to a temporary file first: a backup killed halfway leaves nothing at dest
-		os.Remove(dest + ".partial")
-		if _, err = os.Lstat(dest); err == nil {
-			err = fmt.Errorf("%q already exists; not overwriting it", dest)
-		} else if _, err = st.writer.Exec("VACUUM INTO ?", dest+".partial"); err == nil {
-			err = os.Rename(dest+".partial", dest)
-			fmt.Fprintf(stdout, "backup of %s written to %s\n", dbPath, dest)
-		}
+		err = check(st, dbPath, stdout)
 	}
 	return errors.Join(err, st.close())
+}
+
+// createKey prints only the new key on stdout, for $(...), and its id on stderr.
+func createKey(ctx context.Context, st *store, account string, readOnly bool,
+	stdout, stderr io.Writer) error {
+	secret, id, err := st.createKey(ctx, account, readOnly)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, secret)
+	fmt.Fprintf(stderr, "paybuttons: created %s for account %q\n", id, account)
+	return nil
+}
+
+// listKeys prints every key, a line each: never a secret.
+func listKeys(ctx context.Context, st *store, stdout io.Writer) error {
+	keys, err := st.listKeys(ctx)
+	for _, k := range keys {
+		scope := "read-write"
+		if k.ReadOnly {
+			scope = "read-only"
+		}
+		fmt.Fprintf(stdout, "%s\t%s\t%s\tcreated %s\tlast used %s\trevoked %s\n", k.ID, k.Account,
+			scope, k.CreatedAt, cmp.Or(k.LastUsedAt, "never"), cmp.Or(k.RevokedAt, "never"))
+	}
+	return err
+}
+
+// backup copies the database to dest, never over a file there. It writes a temporary file first: a
+// backup killed halfway leaves nothing at dest.
+func backup(st *store, dbPath, dest string, stdout io.Writer) error {
+	if _, err := os.Lstat(dest); err == nil {
+		return fmt.Errorf("%q already exists; not overwriting it", dest)
+	}
+	os.Remove(dest + ".partial") // what a killed backup left
+	if _, err := st.writer.Exec("VACUUM INTO ?", dest+".partial"); err != nil {
+		return err
+	}
+	if err := os.Rename(dest+".partial", dest); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "backup of %s written to %s\n", dbPath, dest)
+	return nil
+}
+
+// check prints what SQLite's integrity check finds: "ok", or the damage, which is an error.
+func check(st *store, dbPath string, stdout io.Writer) error {
+	var report string
+	err := st.writer.QueryRow(`SELECT group_concat(integrity_check, char(10))
+		FROM pragma_integrity_check`).Scan(&report)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, report)
+	if report != "ok" {
+		return fmt.Errorf("database %q is damaged: restore it from a backup", dbPath)
+	}
+	return nil
 }
 
 // --- one database file, one server ---
@@ -331,38 +371,4 @@ func lockServer(path string) (*sql.DB, error) {
 		return nil, fmt.Errorf("database %q %w", path, err)
 	}
 	return lock, nil
-}
-
-// rateLimiter is a token bucket per API key: rate tokens a second, up to burst. A rate of 0 turns
-// it off.
-type rateLimiter struct {
-	rate, burst float64
-	mu          sync.Mutex
-	buckets     map[string]*bucket // by key id: as many as there are keys
-}
-
-type bucket struct {
-	tokens float64
-	at     time.Time // when tokens was counted
-}
-
-// wait takes a token from key's bucket and returns 0 or, when it is empty, how long until it holds
-// one.
-func (l *rateLimiter) wait(key string, t time.Time) time.Duration {
-	if l.rate == 0 {
-		return 0
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	b := l.buckets[key]
-	if b == nil {
-		b = &bucket{tokens: l.burst, at: t}
-		l.buckets[key] = b
-	}
-	b.tokens, b.at = min(l.burst, b.tokens+t.Sub(b.at).Seconds()*l.rate), t
-	if b.tokens < 1 {
-		return time.Duration((1 - b.tokens) / l.rate * float64(time.Second))
-	}
-	b.tokens--
-	return 0
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -13,6 +14,7 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"sync"
 	"time"
 
 	"modernc.org/sqlite"
@@ -179,6 +181,8 @@ type store struct {
 	writer, reader *sql.DB
 	// What every request and every get run, prepared once: SQLite parses anything else each time.
 	keyBySecret, buttonByID *sql.Stmt
+	mu                      sync.Mutex
+	lastID                  [16]byte // of newButtonID
 }
 
 // openStore opens the database file at path, making it a paybuttons database if it is new. It
@@ -223,32 +227,34 @@ func (s *store) createSchema() error {
 		(SELECT user_version FROM pragma_user_version),
 		(SELECT count(*) FROM sqlite_master WHERE name NOT LIKE '\_litestream%' ESCAPE '\')`).
 		Scan(&app, &version, &tables)
-	switch {
-	case err != nil:
+	if err != nil {
 		return err
-	case app == 0 && tables == 0:
-		_, err = tx.Exec(schema)
-	case app != applicationID:
+	}
+	if app == 0 && tables == 0 {
+		if _, err := tx.Exec(schema); err != nil {
+			return err
+		}
+	} else if app != applicationID {
 		return errors.New("not a paybuttons database (another program's SQLite file)")
-	case version != 1:
+	} else if version != 1 {
 		return fmt.Errorf("schema version %d; this paybuttons knows only 1", version)
 	}
-	if err == nil { // written even when it is 1: a file this process cannot write fails here
-		_, err = tx.Exec("PRAGMA user_version = 1")
+	// Written even when it is 1 already: a file this process cannot write fails here.
+	if _, err := tx.Exec("PRAGMA user_version = 1"); err != nil {
+		return err
 	}
-	if err == nil {
-		err = tx.Commit()
+	if err := tx.Commit(); err != nil {
+		return err
 	}
 	// WAL, so reads never wait for the writer. The file keeps the mode, set once the checks above
 	// have left another program's file as it was. Another process making the same switch at that
 	// moment makes it fail with BUSY at once, without waiting busy_timeout: so it is tried again.
-	for start := time.Now(); err == nil; time.Sleep(10 * time.Millisecond) {
-		_, err = s.writer.Exec("PRAGMA journal_mode = WAL")
+	for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+		_, err := s.writer.Exec("PRAGMA journal_mode = WAL")
 		if sqliteCode(err) != sqlite3.SQLITE_BUSY || time.Since(start) > 5*time.Second {
-			break
+			return err
 		}
 	}
-	return err
 }
 
 // close closes every connection, and the statements prepared on them. The last to close copies the
@@ -365,9 +371,11 @@ func (s *store) authenticate(ctx context.Context, secret string) (apiKey, error)
 // scanButton reads a button's JSON; no row is errNotFound.
 func scanButton(row interface{ Scan(...any) error }) (b button, err error) {
 	var text []byte
-	if err = row.Scan(&text); errors.Is(err, sql.ErrNoRows) {
+	err = row.Scan(&text)
+	if errors.Is(err, sql.ErrNoRows) {
 		return b, errNotFound
-	} else if err == nil {
+	}
+	if err == nil {
 		err = json.Unmarshal(text, &b)
 	}
 	return b, err
@@ -419,7 +427,8 @@ func (s *store) history(ctx context.Context, account, id string, after, limit in
 		ORDER BY version`, account, id, after, after+limit+1)
 	entries, err := collect(rows, err, func(rows *sql.Rows) (e historyEntry, err error) {
 		var text []byte
-		if err = rows.Scan(&e.Version, &e.Action, &e.KeyID, &e.RequestID, &text); err == nil {
+		err = rows.Scan(&e.Version, &e.Action, &e.KeyID, &e.RequestID, &text)
+		if err == nil {
 			err = json.Unmarshal(text, &e.After)
 		}
 		return e, err
@@ -437,18 +446,21 @@ func (s *store) history(ctx context.Context, account, id string, after, limit in
 }
 
 // writeTx is the one write transaction running.
-type writeTx struct{ *sql.Tx }
+type writeTx struct {
+	*sql.Tx
+	store *store
+}
 
 // begin starts a write: it waits for the write lock until ctx ends, and up to busy_timeout for
 // another process.
 func (s *store) begin(ctx context.Context) (writeTx, error) {
 	tx, err := s.writer.BeginTx(ctx, nil)
-	return writeTx{tx}, err
+	return writeTx{tx, s}, err
 }
 
 // create stores b as a new active button of the actor's account, and returns it as stored.
 func (tx writeTx) create(who actor, b button) (button, error) {
-	b.ID, b.State, b.Version, b.CreatedAt = newButtonID(), "active", 1, now()
+	b.ID, b.State, b.Version, b.CreatedAt = tx.store.newButtonID(), "active", 1, now()
 	b.UpdatedAt = b.CreatedAt
 	return b, tx.save(who, "create", b)
 }
@@ -541,11 +553,24 @@ func (s *store) ping(ctx context.Context) error {
 var crockford = base32.NewEncoding("0123456789ABCDEFGHJKMNPQRSTVWXYZ").WithPadding(base32.NoPadding)
 
 // newButtonID returns "btn_" and 26 Crockford base32 digits of 128 bits: 48 of Unix milliseconds,
-// then 80 random ones. Ids are unguessable and sort by the time they were made.
-func newButtonID() string {
+// then 80 random ones, so ids are unguessable and sort by time. An id made in the same millisecond
+// as the one before (or after the clock stepped back) is that one plus 1: ids only grow.
+func (s *store) newButtonID() string {
 	var raw [16]byte
 	binary.BigEndian.PutUint64(raw[:8], uint64(time.Now().UnixMilli())<<16)
 	rand.Read(raw[6:])
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if bytes.Compare(raw[:6], s.lastID[:6]) <= 0 {
+		raw = s.lastID
+		for i := len(raw) - 1; i >= 0; i-- { // add 1, carrying into the byte before
+			raw[i]++
+			if raw[i] != 0 {
+				break
+			}
+		}
+	}
+	s.lastID = raw
 	return "btn_" + crockford.EncodeToString(raw[:])
 }
 

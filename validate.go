@@ -237,8 +237,8 @@ func decodeCreate(body []byte, providerName string) (button, error) {
 	b.PaymentType = f.oneOf("paymentType", "one_time", "subscription")
 	// Case-insensitive in ASCII only: strings.ToLower maps the Kelvin sign to "k".
 	s, _ := f.str("billingInterval")
-	if b.BillingInterval = billingIntervals[strings.ToLower(s)]; s != "" &&
-		(b.BillingInterval == "" || !onlyOf(s, letters)) {
+	b.BillingInterval = billingIntervals[strings.ToLower(s)]
+	if s != "" && (b.BillingInterval == "" || !onlyOf(s, letters)) {
 		f.fail("billingInterval", `must be one of "day", "week", "month", "year"`)
 	} else if b.PaymentType == "subscription" && b.BillingInterval == "" {
 		f.fail("billingInterval", "is required when paymentType is subscription")
@@ -299,28 +299,21 @@ func (f *fields) edit(b *button) error {
 	if s, ok := f.str("currency"); ok {
 		next.Currency = f.currency(s)
 	}
-	if d, ok := f.decimal("amount"); ok && d.isZero() {
-		f.fail("amount", "must be greater than zero")
-	} else if ok && next.Currency != "" {
-		next.AmountMinor = f.minorUnits(d, next.Currency)
-	} else if !f.has("amount") && b.Currency != "" && next.Currency != b.Currency {
+	if f.has("amount") {
+		next.AmountMinor = f.amount(next.Currency)
+	} else if b.Currency != "" && next.Currency != b.Currency {
+		// A new currency without a new amount takes the stored amount, which must fit it.
 		stored := formatAmount(b.AmountMinor, b.Currency)
 		d, _ := parseDecimal(stored)
-		if next.AmountMinor, ok = d.scaled(currencyExponents[next.Currency], maxAmountMinor); !ok {
+		n, fits := d.scaled(currencyExponents[next.Currency], maxAmountMinor)
+		next.AmountMinor = n
+		if !fits {
 			f.fail("currency", fmt.Sprintf("cannot change to %s without a new amount: "+
 				"%s %s does not fit it", next.Currency, stored, b.Currency))
 		}
 	}
-	if d, ok := f.decimal(feeField); ok && next.PaymentMethod != "" &&
-		next.PaymentMethod != "StripeConnect" {
-		f.fail(feeField, "is only allowed when paymentMethod is StripeConnect")
-	} else if ok {
-		next.FeeBasisPoints, ok = d.scaled(2, 10_000)
-		if len(d.frac) > 2 {
-			f.fail(feeField, "must have at most 2 decimal places")
-		} else if !ok || next.FeeBasisPoints == 0 {
-			f.fail(feeField, "must be between 0.01 and 100")
-		}
+	if f.has(feeField) {
+		next.FeeBasisPoints = f.fee(next.PaymentMethod)
 	}
 	next.Metadata = f.metadata(b.Metadata)
 	if err := invalid(f.problems); err != nil {
@@ -360,18 +353,46 @@ func (f *fields) currency(s string) string {
 	return ""
 }
 
-// minorUnits returns the amount d in currency's minor units, or records why it cannot be.
-func (f *fields) minorUnits(d decimal, currency string) int64 {
+// amount returns the amount in currency's minor units; with currency "" (absent or broken), it
+// checks only the amount's own form.
+func (f *fields) amount(currency string) int64 {
+	d, ok := f.decimal("amount")
 	exp := currencyExponents[currency]
 	n, fits := d.scaled(exp, maxAmountMinor)
-	if len(d.frac) > exp {
+	switch {
+	case !ok:
+	case d.isZero():
+		f.fail("amount", "must be greater than zero")
+	case currency == "":
+	case len(d.frac) > exp:
 		f.fail("amount", fmt.Sprintf("cannot be expressed in %s, which has %d decimal places",
 			currency, exp))
-	} else if !fits {
+	case !fits:
 		f.fail("amount", fmt.Sprintf("is above the maximum of %s %s",
 			formatAmount(maxAmountMinor, currency), currency))
+	default:
+		return n
 	}
-	return n
+	return 0
+}
+
+// fee returns ApplicationFeePercentage in basis points: 0.01 to 100 with at most 2 decimal places,
+// on a StripeConnect button only (method "" broke a rule of its own).
+func (f *fields) fee(method string) int64 {
+	d, ok := f.decimal(feeField)
+	basisPoints, fits := d.scaled(2, 10_000)
+	switch {
+	case !ok:
+	case method != "StripeConnect" && method != "":
+		f.fail(feeField, "is only allowed when paymentMethod is StripeConnect")
+	case len(d.frac) > 2:
+		f.fail(feeField, "must have at most 2 decimal places")
+	case !fits || basisPoints == 0:
+		f.fail(feeField, "must be between 0.01 and 100")
+	default:
+		return basisPoints
+	}
+	return 0
 }
 
 // metadata returns stored with the body's metadata merged in: a string sets its key, null or ""
@@ -410,12 +431,14 @@ func (f *fields) metadata(stored map[string]string) map[string]string {
 func decodeListQuery(raw, providerName string) (listQuery, error) {
 	f := readQuery(raw, "limit", "after", "state", "isLive", "paymentMethod")
 	q := listQuery{Limit: int(f.whole("limit", 1, 100, 20)), State: "active"}
-	if q.After, _ = f.str("after"); q.After != "" && !validButtonID(q.After) {
+	q.After, _ = f.str("after")
+	if q.After != "" && !validButtonID(q.After) {
 		f.fail("after", "must be a button id: the next of the page before")
 	}
 	q.State = cmp.Or(f.oneOf("state", "active", "deleted", "all"), "active")
 	if isLive := f.oneOf("isLive", "true", "false"); isLive != "" {
-		q.IsLive = new(isLive == "true")
+		live := isLive == "true"
+		q.IsLive = &live
 	}
 	q.PaymentMethod = f.oneOf("paymentMethod", providerName, "Stripe", "StripeConnect")
 	return q, invalid(f.problems)

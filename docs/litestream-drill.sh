@@ -16,8 +16,8 @@
 #  3. point-in-time restore to T: batch 1 is there, batch 2 is not.
 #  4. standby takeover: host B, with no database, starts the same command line;
 #     -restore-if-db-not-exists restores, it serves, takes writes, replicates them.
-#  5. shutdown: SIGTERM to host B; the checkpoint gives up after about 1 s with a
-#     warning, and the next start has every write.
+#  5. shutdown: SIGTERM to host B; paybuttons stops at once and, Litestream having
+#     the file open, leaves the WAL in place; the next start has every write.
 #  6. verification: deploy/paybuttons-verify-replica.sh passes on the replica, and
 #     fails loudly on a replica with a damaged file.
 #  7. rollback: the copy as of T is put in place of host B's database, host B starts
@@ -132,8 +132,11 @@ say "== 4. standby takeover: host B starts with no database"
 use_site "$TMP/hostB"
 start_primary "$TMP/hostB.log"
 grep -E 'msg="(attempting restore|restore completed|no backup found)' "$TMP/hostB.log" | indent
-grep -q 'msg="restore completed"' "$TMP/hostB.log" && result OK "host B restored the replica before serving" ||
+if grep -q 'msg="restore completed"' "$TMP/hostB.log"; then
+	result OK "host B restored the replica before serving"
+else
 	result FAIL "host B did not restore the replica before serving"
+fi
 ids >"$TMP/hostB.ids"
 expect "buttons host B serves (as restored in step 2)" "$(wc -l <"$TMP/hostB.ids")" "$(wc -l <"$TMP/restored.ids")"
 for i in $(seq 20); do create "batch4-$i"; done >"$TMP/batch4"
@@ -145,24 +148,29 @@ started=$EPOCHREALTIME
 stop "$LS_PID"
 STARTED=()
 took=$(awk -v a="$started" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
-grep -E 'msg="shutting down"|the WAL was not checkpointed|msg=stopped|litestream shut down' "$TMP/hostB.log" | indent
-checkpoint=$(awk '/msg="shutting down"/ { a = $1 } /msg=stopped/ { b = $1 } END {
+grep -E 'msg="shutting down"|msg=stopped|litestream shut down' "$TMP/hostB.log" | indent
+stopping=$(awk '/msg="shutting down"/ { a = $1 } /msg=stopped/ { b = $1 } END {
 	gsub(/time=|Z/, "", a); gsub(/time=|Z/, "", b); split(a, x, /[T:]/); split(b, y, /[T:]/)
 	printf "%.2f", (y[2] * 3600 + y[3] * 60 + y[4]) - (x[2] * 3600 + x[3] * 60 + x[4]) }' "$TMP/hostB.log")
-say "paybuttons: $checkpoint s from \"shutting down\" to \"stopped\"; litestream and paybuttons gone after $took s"
-awk -v c="$checkpoint" 'BEGIN { exit !(c <= 1.5) }' &&
-	result OK "paybuttons stopped $checkpoint s after SIGTERM beside Litestream (checkpoint gives up after 1 s)" ||
-	result FAIL "paybuttons took $checkpoint s to stop beside Litestream"
-if grep -q 'level=WARN msg="the WAL was not checkpointed: another process is reading it' "$TMP/hostB.log"; then
-	result OK "the WAL was left for the next start, with the WARN line"
+say "paybuttons: $stopping s from \"shutting down\" to \"stopped\"; litestream and paybuttons gone after $took s"
+if awk -v c="$stopping" 'BEGIN { exit !(c < 1) }'; then
+	result OK "paybuttons stopped $stopping s after SIGTERM beside Litestream (under 1 s: no request in flight)"
 else
-	result OK "the checkpoint finished (Litestream was not reading at that moment)"
+	result FAIL "paybuttons took $stopping s to stop beside Litestream"
+fi
+# Litestream keeps the WAL file when it closes (it sets SQLite's PERSIST_WAL);
+# paybuttons, when it closes last, checkpoints the WAL and deletes it. A WAL after
+# the stop: Litestream had the file open when paybuttons closed it.
+if [ -s "$PAYBUTTONS_DB-wal" ]; then
+	result OK "the WAL was left beside the database: Litestream had the file open, so paybuttons' close did not checkpoint it"
+else
+	result FAIL "the WAL was checkpointed away at the stop although Litestream had the file open"
 fi
 start_server "$TMP/hostB-again.log"
 ids >"$TMP/hostB-again.ids"
 stop "$PB_PID"
 STARTED=()
-expect "batch 4 after the next start of host B (WAL applied)" "$(count_in "$TMP/batch4" "$TMP/hostB-again.ids")" 20
+expect "batch 4 after the next start of host B" "$(count_in "$TMP/batch4" "$TMP/hostB-again.ids")" 20
 check=$("$PB" check -db "$PAYBUTTONS_DB" 2>&1) || true
 expect "paybuttons check of host B's database" "$check" ok
 
@@ -185,7 +193,7 @@ STARTED=()
 expect "batch 4 on the replica after host B's shutdown" "$(count_in "$TMP/batch4" "$TMP/verify.ids")" 20
 # A damaged replica: the newest L0 file with bytes overwritten in its page data.
 cp -a "$TMP/replica" "$TMP/replica.good"
-newest=$(ls "$TMP/replica/ltx/0/" | sort | tail -1)
+newest=$(find "$TMP/replica/ltx/0/" -type f -printf '%f\n' | sort | tail -1)
 printf 'not an ltx page' | dd of="$TMP/replica/ltx/0/$newest" bs=1 seek=200 conv=notrunc 2>/dev/null
 use_site "$TMP/hostB" # the primary's view: compares with its local position too
 if out=$(PATH="$(dirname "$LS"):$(dirname "$PB"):$PATH" "$REPO/deploy/paybuttons-verify-replica.sh" \

@@ -1,4 +1,5 @@
-# Shared by docs/litestream-drill.sh and docs/litestream-loss-window.sh; not run alone.
+# shellcheck shell=bash
+# Shared by the docs/litestream-*.sh scripts; not run alone.
 # Needs bash, curl, awk and the usual coreutils; Go only when a binary must be built.
 #
 # Sets: REPO, TMP (removed on exit), PB (paybuttons binary), LS (litestream binary),
@@ -67,8 +68,8 @@ use_site() {
 
 # wait_log FILE PATTERN: wait up to 20 s for an extended regexp in FILE.
 wait_log() {
-	local i
-	for i in $(seq 200); do
+	local _
+	for _ in $(seq 200); do
 		grep -Eq "$2" "$1" 2>/dev/null && return 0
 		sleep 0.1
 	done
@@ -124,17 +125,38 @@ create() {
 	esac
 }
 
-# ids: every button id of the key's account on the server at $PORT, one a line, in
-# change order (the change feed, paged).
-ids() {
-	local since=0 page more=true
+# list_all: every button of the key's account on the server at $PORT, deleted ones
+# too, one a line as "id createdAt": `list?state=all&limit=100` pages them newest
+# first, each page asked for with after= the `next` of the page before, until
+# hasMore is false. Fails unless every page is answered with isSuccess true.
+list_all() {
+	local after='' page more=true
 	while [ "$more" = true ]; do
 		page=$(curl -sS --max-time 10 -H "X-API-KEY: $KEY" \
-			"http://127.0.0.1:$PORT/product-payment/changes?since=$since&limit=100") || return 1
-		{ grep -Eo '"id":"btn_[0-9A-Z]+"' <<<"$page" || true; } | cut -d'"' -f4
-		since=$(grep -Eo '"next":[0-9]+' <<<"$page" | cut -d: -f2)
+			"http://127.0.0.1:$PORT/product-payment/list?state=all&limit=100${after:+&after=$after}") || return 1
+		case $page in
+		'{"isSuccess":true,'*) ;;
+		*) printf 'list: %s\n' "$page" >&2 && return 1 ;;
+		esac
+		# Each item has one "id" and one "createdAt", in whatever order its keys come.
+		{ grep -Eo '"(id|createdAt)":"[^"]+"' <<<"$page" || true; } | awk -F'"' '
+			{ v[$2] = $4 }
+			("id" in v) && ("createdAt" in v) { print v["id"], v["createdAt"]; split("", v) }'
 		more=$(grep -Eo '"hasMore":(true|false)' <<<"$page" | cut -d: -f2)
+		after=$(grep -Eo '"next":"btn_[0-9A-Z]+"' <<<"$page" | cut -d'"' -f4 || true)
+		if [ "$more" = true ] && [ -z "$after" ]; then
+			printf 'list: hasMore without a next: %s\n' "$page" >&2
+			return 1
+		fi
 	done
+}
+
+# ids: every button id of the key's account on the server at $PORT, one a line,
+# sorted (list_all's order, newest first, is not relied on).
+ids() {
+	local all
+	all=$(list_all) || return 1
+	[ -z "$all" ] || cut -d' ' -f1 <<<"$all" | sort
 }
 
 # restore_to FILE [litestream restore flags...]: restore the site's database from its

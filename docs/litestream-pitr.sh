@@ -22,20 +22,11 @@ find_binaries
 # epoch TIME: RFC 3339 time as seconds since 1970, with milliseconds.
 epoch() { date -u -d "$1" +%s.%3N; }
 
-# buttons: "id createdAt" of every button on the server at $PORT, in change order.
-buttons() {
-	local since=0 page more=true
-	while [ "$more" = true ]; do
-		page=$(curl -sS --max-time 10 -H "X-API-KEY: $KEY" \
-			"http://127.0.0.1:$PORT/product-payment/changes?since=$since&limit=100")
-		{ grep -Eo '"id":"btn_[0-9A-Z]+"|"createdAt":"[^"]+"' <<<"$page" || true; } | cut -d'"' -f4 | paste - -
-		since=$(grep -Eo '"next":[0-9]+' <<<"$page" | cut -d: -f2)
-		more=$(grep -Eo '"hasMore":(true|false)' <<<"$page" | cut -d: -f2)
-	done
-}
+# buttons: "id createdAt" of every button on the server at $PORT, oldest first.
+buttons() { list_all | sort -k2,2; }
 
 phase() {
-	local name=$1 i t gap before kept after gaps=()
+	local name=$1 t gap before kept after gaps=()
 	rm -rf "$TMP/replica" "$TMP/host"
 	use_site "$TMP/host"
 	start_primary "$TMP/$name.log"
@@ -53,7 +44,7 @@ phase() {
 	disown "$client" # killed below: no "Killed" notice
 	local moments=()
 	sleep 2
-	for i in $(seq "$MOMENTS"); do
+	for _ in $(seq "$MOMENTS"); do
 		sleep "$((1 + RANDOM % 3)).$((RANDOM % 10))"
 		moments+=("$(date -u +%Y-%m-%dT%H:%M:%S.%3NZ)")
 	done
@@ -61,10 +52,10 @@ phase() {
 	kill -KILL "$client"
 	buttons >"$TMP/$name.primary"
 	local written_until
-	written_until=$(tail -1 "$TMP/$name.primary" | cut -f2)
+	written_until=$(tail -1 "$TMP/$name.primary" | cut -d' ' -f2)
 	if [ "$name" = expired ]; then
 		say "waiting for the L0 files of the writing period to be compacted into L1 and deleted"
-		for i in $(seq 90); do
+		for _ in $(seq 90); do
 			first=$("$LS" ltx -config "$CONFIG" -level 0 "$PAYBUTTONS_DB" | awk 'NR == 2 { print $5 }')
 			[ -n "$first" ] && [ "$(epoch "$first" | cut -d. -f1)" -gt "$(epoch "$written_until" | cut -d. -f1)" ] && break
 			sleep 1

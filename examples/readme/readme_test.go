@@ -74,7 +74,6 @@ var masks = []struct {
 	{regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z`), "TIME"},
 	{regexp.MustCompile(`\d{4}-\d\d-\d\d \d\d:\d\d:\d\d`), "TIME"},
 	{regexp.MustCompile(`(?m)^Date: .*$`), "Date: DATE"},
-	{regexp.MustCompile(`\b\d{16}\b`), "SEQ"}, // a changeSeq: the change's time in microseconds, at least
 	{regexp.MustCompile(`duration=\S+`), "duration=D"},
 	{regexp.MustCompile(`go1\.\d+(\.\d+)?`), "goVERSION"},
 	{regexp.MustCompile(`localhost:\d+`), "localhost:8080"},
