@@ -335,7 +335,8 @@ func TestRateLimit(t *testing.T) {
 		t.Errorf("got Retry-After %q and %d buttons, want 1000 (1/0.001 s) and 0", r.header.Get("Retry-After"),
 			e.count(`SELECT count(*) FROM buttons`))
 	}
-	e.do("GET", "/product-payment/get/x", e.otherKey, "").want(t, 404, "not_found") // a bucket of its own
+	spare, _ := e.mintKey("acme", false) // a bucket per key, not per account
+	e.do("GET", "/product-payment/get/x", spare, "").want(t, 404, "not_found")
 }
 
 // A read-only key reads and is refused every write before its body is read; a revoked key, by another process
@@ -476,6 +477,8 @@ func TestIdempotencyKeys(t *testing.T) {
 	body := createBody(nil)
 	e.do("POST", "/product-payment/create", e.key, createBody(m{"amount": "1"}), "Idempotency-Key", "key-0").
 		want(t, 422, "idempotency_mismatch")
+	e.do("DELETE", "/product-payment/delete/"+id, e.key, "", "Idempotency-Key", "key-2", "If-Match", `"2"`).
+		want(t, 422, "idempotency_mismatch") // If-Match is part of the request
 	e.do("POST", "/product-payment/create", e.otherKey, body, "Idempotency-Key", "key-0").want(t, 200, "")
 	e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", "ct", "Content-Type", "text/plain").
 		want(t, 415, "unsupported_media_type")
@@ -485,6 +488,12 @@ func TestIdempotencyKeys(t *testing.T) {
 	}
 	for _, key := range []string{"", strings.Repeat("k", 256), "tab\tin"} {
 		e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", key).wantFields(t, "Idempotency-Key")
+	}
+	// After 24 hours an answer is gone: the key runs its request afresh.
+	e.store.writer.Exec(`UPDATE idempotency_keys SET created_at = ? WHERE key = 'key-0'`, stamp(time.Now().Add(-25*time.Hour)))
+	if r := e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", "key-0"); r.header.Get("Idempotent-Replayed") != "" ||
+		e.count(`SELECT count(*) FROM buttons`) != 5 {
+		t.Errorf("an expired key: got %s (replayed %q), want a new button", r.raw, r.header.Get("Idempotent-Replayed"))
 	}
 }
 
@@ -539,7 +548,7 @@ func TestPanicIsA500(t *testing.T) {
 	req.Header.Set("X-Request-Id", "trace-500")
 	s.withBasics(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("secret detail") })).ServeHTTP(rec, req)
 	if rec.Code != 500 || !bytes.Equal(rec.Body.Bytes(), internalError) ||
-		!strings.Contains(logs.String(), "secret detail") || !strings.Contains(logs.String(), "requestId=trace-500") {
+		!strings.Contains(logs.String(), `msg=panic requestId=trace-500 panic="secret detail"`) {
 		t.Errorf("got %d %s, log %s; want 500 %s, and the panic logged with the request id", rec.Code, rec.Body,
 			logs.String(), internalError)
 	}

@@ -252,6 +252,17 @@ func fileCommand(ctx context.Context, command string, args []string, getenv func
 	if err != nil {
 		return err
 	}
+	if command == "backup" || command == "check" { // they read the file, and write nothing to it
+		db, err := openToRead(dbPath)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		if command == "backup" {
+			return backup(db, dbPath, fs.Arg(0), stdout)
+		}
+		return check(db, dbPath, stdout)
+	}
 	st, err := openStore(dbPath)
 	if err != nil {
 		return err
@@ -263,10 +274,6 @@ func fileCommand(ctx context.Context, command string, args []string, getenv func
 		err = listKeys(ctx, st, stdout)
 	case "keys revoke":
 		err = st.revokeKey(ctx, fs.Arg(0))
-	case "backup":
-		err = backup(st, dbPath, fs.Arg(0), stdout)
-	case "check":
-		err = check(st, dbPath, stdout)
 	}
 	return errors.Join(err, st.close())
 }
@@ -299,12 +306,12 @@ func listKeys(ctx context.Context, st *store, stdout io.Writer) error {
 
 // backup copies the database to dest, never over a file there. It writes a temporary file first: a
 // backup killed halfway leaves nothing at dest.
-func backup(st *store, dbPath, dest string, stdout io.Writer) error {
+func backup(db *sql.DB, dbPath, dest string, stdout io.Writer) error {
 	if _, err := os.Lstat(dest); err == nil {
 		return fmt.Errorf("%q already exists; not overwriting it", dest)
 	}
 	os.Remove(dest + ".partial") // what a killed backup left
-	if _, err := st.writer.Exec("VACUUM INTO ?", dest+".partial"); err != nil {
+	if _, err := db.Exec("VACUUM INTO ?", dest+".partial"); err != nil {
 		return err
 	}
 	if err := os.Rename(dest+".partial", dest); err != nil {
@@ -315,9 +322,9 @@ func backup(st *store, dbPath, dest string, stdout io.Writer) error {
 }
 
 // check prints what SQLite's integrity check finds: "ok", or the damage, which is an error.
-func check(st *store, dbPath string, stdout io.Writer) error {
+func check(db *sql.DB, dbPath string, stdout io.Writer) error {
 	var report string
-	err := st.writer.QueryRow(`SELECT group_concat(integrity_check, char(10))
+	err := db.QueryRow(`SELECT group_concat(integrity_check, char(10))
 		FROM pragma_integrity_check`).Scan(&report)
 	if err != nil {
 		return err

@@ -257,6 +257,21 @@ func (s *store) createSchema() error {
 	}
 }
 
+// openToRead opens the paybuttons database at path for a command that only reads it.
+func openToRead(path string) (*sql.DB, error) {
+	db, _ := sql.Open("sqlite", sqliteURI(path, "_pragma=busy_timeout(5000)"))
+	var app int
+	err := db.QueryRow("SELECT application_id FROM pragma_application_id").Scan(&app)
+	if err == nil && app != applicationID {
+		err = errors.New("not a paybuttons database")
+	}
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("database %q: %w", path, err)
+	}
+	return db, nil
+}
+
 // close closes every connection, and the statements prepared on them. The last to close copies the
 // WAL into the database file, unless another process, such as Litestream, has the file open.
 func (s *store) close() error { return errors.Join(s.reader.Close(), s.writer.Close()) }
