@@ -163,7 +163,7 @@ func crashWorker(t *testing.T, client *http.Client, url, key, tag string, mine [
 		b, next := &crashButton{desc: name}, crashButton{desc: name, name: name, amount: amount, state: "active",
 			version: 1, message: "created", answers: map[string]string{}}
 		method, path, body := "POST", "create", createBody(m{"productName": name, "description": name,
-			"amount": fmt.Sprintf("%.2f", float64(amount)/100)})
+			"amount": cents(amount)})
 		if len(mine) == 0 || rand.IntN(3) == 0 {
 			mine = append(mine, b) // a create
 		} else {
@@ -176,7 +176,7 @@ func crashWorker(t *testing.T, client *http.Client, url, key, tag string, mine [
 				next.state, method, path, next.message = "deleted", "DELETE", "delete/"+b.id, "deleted"
 			default:
 				next.name, next.amount, path, next.message = name, amount, "update/"+b.id, "updated"
-				body = fmt.Sprintf(`{"productName":%q,"amount":"%.2f"}`, name, float64(amount)/100)
+				body = fmt.Sprintf(`{"productName":%q,"amount":%q}`, name, cents(amount))
 			}
 		}
 		var headers []string
@@ -200,6 +200,9 @@ func crashWorker(t *testing.T, client *http.Client, url, key, tag string, mine [
 	}
 }
 
+// cents writes an amount of USD cents as the API does: 1234 is "12.34".
+func cents(n int64) string { return fmt.Sprintf("%d.%02d", n/100, n%100) }
+
 // checkCrash checks the file at path: integrity_check says ok; each button is stored as its last answered write left
 // it, or its unanswered write whole; no other is; its history holds versions 1 to its own, the last as stored; the
 // answers kept are those of its writes, byte for byte those their clients got. It returns the buttons as stored.
@@ -214,7 +217,7 @@ func checkCrash(t *testing.T, path string, buttons []*crashButton, when string) 
 		button->>'id' || ' ' || iif((SELECT count(*) = max(version) AND min(version) = 1 AND max(version) =
 		b.button->>'version' FROM history h WHERE h.button_id = b.id) AND (SELECT button FROM history h WHERE
 		h.button_id = b.id ORDER BY version DESC LIMIT 1) = button, '', 'bad history ') || json_set(button, '$.id', '',
-		'$.createdAt', '', '$.updatedAt', '', '$.deletedAt', iif(button->>'deletedAt' = '', '', 'set')) FROM buttons b`)
+		'$.createdAt', '', '$.updatedAt', '', '$.deletedAt', iif(button->>'deletedAt' IS NULL, NULL, 'set')) FROM buttons b`)
 	read := map[string]map[string]string{"sound": {}, "key": {}, "button": {}}
 	stored, kept := read["button"], read["key"]
 	if _, err = collect(rows, err, func(rows *sql.Rows) (what string, err error) {
@@ -230,9 +233,13 @@ func checkCrash(t *testing.T, path string, buttons []*crashButton, when string) 
 		got, ok := stored[b.desc]
 		id, _, _ := strings.Cut(got, " ")
 		is := func(b *crashButton) bool {
-			text, _ := json.Marshal(button{ProductName: b.name, Description: b.desc, AmountMinor: b.amount,
-				Currency: "USD", PaymentMethod: "Stripe", PaymentType: "one_time", Metadata: map[string]string{},
-				State: b.state, Version: b.version, DeletedAt: map[bool]string{true: "set"}[b.state == "deleted"]})
+			want := button{ProductName: b.name, Description: &b.desc, Amount: cents(b.amount), Currency: "USD",
+				PaymentMethod: "Stripe", PaymentType: "one_time", Metadata: map[string]string{}, State: b.state,
+				Version: b.version}
+			if b.state == "deleted" {
+				want.DeletedAt = orNil("set")
+			}
+			text, _ := json.Marshal(want)
 			return ok == (b.version > 0) && (!ok || got == cmp.Or(b.id, id)+" "+string(text))
 		}
 		if delete(stored, b.desc); b.pending != nil && !is(b) && is(b.pending) { // the write without an answer, whole

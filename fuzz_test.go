@@ -111,21 +111,21 @@ func expect(t *testing.T, e *testEnv, r response, got, want button, message stri
 	if r.env.Message != message || r.dataString() != want.ID {
 		t.Errorf("%s\ngot message %q data %q, want %q %q", r.request, r.env.Message, r.dataString(), message, want.ID)
 	}
-	text, _ := json.Marshal(map[string]any{"id": want.ID, "productName": want.ProductName,
-		"description": nullUnless(want.Description != "", want.Description), "currency": want.Currency,
-		"amount": decimalText(want.AmountMinor, currencyExponents[want.Currency]), "paymentMethod": want.PaymentMethod,
-		"billingInterval": nullUnless(want.BillingInterval != "", want.BillingInterval), "isLive": want.IsLive,
-		feeField: nullUnless(want.FeeBasisPoints > 0, decimalText(want.FeeBasisPoints, 2)), "metadata": want.Metadata,
-		"paymentType": want.PaymentType, "state": "active", "version": want.Version, "createdAt": want.CreatedAt,
-		"updatedAt": want.UpdatedAt, "deletedAt": nil})
-	var shown map[string]any // as the view is read: numbers as float64, objects as map[string]any
+	text, _ := json.Marshal(want) // a button is stored as get shows it
+	var shown map[string]any     // as the view is read: numbers as float64, objects as map[string]any
 	json.Unmarshal(text, &shown)
 	if view := e.view(e.key, want.ID); !reflect.DeepEqual(view, shown) {
 		t.Errorf("%s\ngot get %v\nwant    %v", r.request, view, shown)
 	}
 }
 
-func nullUnless(ok bool, s string) any { return map[bool]any{true: s}[ok] } // s, or nil: JSON null
+// text is s as an optional field holds it: nil (JSON null) for "".
+func text(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
 
 // oracle collects every reason the contract gives to refuse a body; a body with none must be accepted.
 type oracle struct{ why []string }
@@ -184,13 +184,14 @@ func (o *oracle) create(body []byte) button {
 	if b.IsLive = isLive; !named || !isBool { // as named, exactly
 		o.refuse("paymentMethod %.40q, paymentType %.40q, isLive %v", b.PaymentMethod, b.PaymentType, in["isLive"])
 	}
+	interval := ""
 	if s := o.str(in, "billingInterval"); s != "" { // "" or null: none
-		if b.BillingInterval = intervals[strings.ToLower(s)]; b.BillingInterval == "" || !asciiLetters.MatchString(s) {
+		if interval = intervals[strings.ToLower(s)]; interval == "" || !asciiLetters.MatchString(s) {
 			o.refuse("billingInterval %.40q is no spelling of an interval", s)
 		}
 	}
-	if (b.PaymentType == "subscription") != (b.BillingInterval != "") {
-		o.refuse("paymentType %q with billingInterval %q", b.PaymentType, b.BillingInterval)
+	if b.BillingInterval = text(interval); (b.PaymentType == "subscription") != (interval != "") {
+		o.refuse("paymentType %q with billingInterval %q", b.PaymentType, interval)
 	}
 	if in[feeField] == nil && b.PaymentMethod == "StripeConnect" {
 		o.refuse("%s is required with StripeConnect", feeField)
@@ -204,8 +205,8 @@ func (o *oracle) create(body []byte) button {
 func (o *oracle) edit(in map[string]any, b *button) (named bool) {
 	stored, places := *b, currencyExponents
 	if _, given := in["description"]; given {
-		named, b.Description = true, o.str(in, "description")
-		o.chars("description", b.Description, 0, 5000,
+		named, b.Description = true, text(o.str(in, "description"))
+		o.chars("description", o.str(in, "description"), 0, 5000,
 			func(r rune) bool { return unicode.IsControl(r) && !strings.ContainsRune("\t\n\r", r) })
 	}
 	if in["productName"] != nil {
@@ -226,13 +227,12 @@ func (o *oracle) edit(in map[string]any, b *button) (named bool) {
 		}
 	}
 	if in["amount"] != nil {
-		named, b.AmountMinor = true, o.scaled("amount", in["amount"], places[b.Currency], 1e15)
+		named, b.Amount = true, decimalText(o.scaled("amount", in["amount"], places[b.Currency], 1e15), places[b.Currency])
 	} else if stored.Currency != "" && b.Currency != stored.Currency {
-		b.AmountMinor = o.scaled("the stored amount", decimalText(stored.AmountMinor, places[stored.Currency]),
-			places[b.Currency], 1e15)
+		b.Amount = decimalText(o.scaled("the stored amount", stored.Amount, places[b.Currency], 1e15), places[b.Currency])
 	}
 	if in[feeField] != nil {
-		named, b.FeeBasisPoints = true, o.scaled(feeField, in[feeField], 2, 10_000) // 0.01 to 100%
+		named, b.Fee = true, text(decimalText(o.scaled(feeField, in[feeField], 2, 10_000), 2)) // 0.01 to 100%
 		if b.PaymentMethod != "StripeConnect" {
 			o.refuse("%s is given with paymentMethod %q", feeField, b.PaymentMethod)
 		}

@@ -112,7 +112,7 @@ func (s *server) handleGet(w http.ResponseWriter, r *http.Request, who actor) er
 	if err != nil {
 		return err
 	}
-	s.writeData(w, r, viewOf(b), b.Version)
+	s.writeData(w, r, b, b.Version)
 	return nil
 }
 
@@ -125,12 +125,11 @@ func (s *server) handleList(w http.ResponseWriter, r *http.Request, who actor) e
 	if err != nil {
 		return err
 	}
-	views, last := []map[string]any{}, ""
-	for _, b := range buttons {
-		views = append(views, viewOf(b))
-		last = b.ID
+	last := ""
+	if len(buttons) > 0 {
+		last = buttons[len(buttons)-1].ID
 	}
-	s.writeData(w, r, pageOf(views, more, last), 0)
+	s.writeData(w, r, pageOf(buttons, more, last), 0)
 	return nil
 }
 
@@ -180,10 +179,12 @@ func changes(before, after button) map[string]any {
 
 // auditedFields are the fields of b that history reports changes of.
 func auditedFields(b button) map[string]any {
+	fields := map[string]any{}
 	if b.ID == "" {
-		return map[string]any{}
+		return fields
 	}
-	fields := viewOf(b)
+	text, _ := json.Marshal(b)
+	json.Unmarshal(text, &fields)
 	for _, name := range []string{"id", "metadata", "version", "createdAt", "updatedAt",
 		"deletedAt"} {
 		delete(fields, name)
@@ -475,25 +476,4 @@ type statusRecorder struct {
 func (w *statusRecorder) WriteHeader(status int) {
 	w.status = status
 	w.ResponseWriter.WriteHeader(status)
-}
-
-// viewOf is a button as the API shows it: the amount with its currency's decimal places, the fee
-// with two ("2.50"), absent values as null.
-func viewOf(b button) map[string]any {
-	orNull := func(s string) any {
-		if s == "" {
-			return nil
-		}
-		return s
-	}
-	fee := ""
-	if b.FeeBasisPoints > 0 {
-		fee = formatScaled(b.FeeBasisPoints, 2)
-	}
-	return map[string]any{"id": b.ID, "productName": b.ProductName,
-		"description": orNull(b.Description), "amount": formatAmount(b.AmountMinor, b.Currency),
-		"currency": b.Currency, "billingInterval": orNull(b.BillingInterval),
-		"paymentMethod": b.PaymentMethod, "paymentType": b.PaymentType, "isLive": b.IsLive,
-		feeField: orNull(fee), "metadata": b.Metadata, "state": b.State, "version": b.Version,
-		"createdAt": b.CreatedAt, "updatedAt": b.UpdatedAt, "deletedAt": orNull(b.DeletedAt)}
 }

@@ -65,24 +65,25 @@ var (
 		message: "the button has changed since the version in If-Match; get it again"}
 )
 
-// button is one payment button, stored as this JSON. An absent optional value is "" or 0.
+// button is one payment button as the API shows it, and as it is stored: this JSON. An absent
+// optional value is nil (null).
 type button struct {
 	ID              string            `json:"id"`
 	ProductName     string            `json:"productName"`
-	Description     string            `json:"description"`
-	AmountMinor     int64             `json:"amountMinor"` // in the currency's minor unit
+	Description     *string           `json:"description"`
+	Amount          string            `json:"amount"` // with the currency's decimal places: "19.90"
 	Currency        string            `json:"currency"`
-	BillingInterval string            `json:"billingInterval"` // day, week, month or year
+	BillingInterval *string           `json:"billingInterval"` // day, week, month or year
 	PaymentMethod   string            `json:"paymentMethod"`
 	PaymentType     string            `json:"paymentType"` // one_time or subscription
 	IsLive          bool              `json:"isLive"`
-	FeeBasisPoints  int64             `json:"feeBasisPoints"` // the fee: 2.50% is 250
+	Fee             *string           `json:"ApplicationFeePercentage"` // two decimal places: "2.50"
 	Metadata        map[string]string `json:"metadata"`
 	State           string            `json:"state"`   // active or deleted
 	Version         int64             `json:"version"` // 1 at create, one more with every change
 	CreatedAt       string            `json:"createdAt"`
 	UpdatedAt       string            `json:"updatedAt"`
-	DeletedAt       string            `json:"deletedAt"`
+	DeletedAt       *string           `json:"deletedAt"`
 }
 
 // apiKey is a key's record; only the SHA-256 of its secret is stored.
@@ -429,35 +430,29 @@ func (s *store) list(ctx context.Context, account string, q listQuery) ([]button
 	return page, false, err
 }
 
-// history returns the changes to account's button id with versions after+1 to after+limit, oldest
-// first, and whether more follow.
+// history returns up to limit changes to account's button id after version after, oldest first, and
+// whether more follow. Each row holds the button after its change; lag() adds the row before.
 func (s *store) history(ctx context.Context, account, id string, after, limit int64) (
 	[]historyEntry, bool, error) {
 	if _, err := s.get(ctx, account, id); err != nil {
 		return nil, false, err
 	}
-	// Version after is read too: the button before the page's first change.
-	rows, err := s.reader.QueryContext(ctx, `SELECT version, action, key_id, request_id, button
-		FROM history WHERE account = ? AND button_id = ? AND version BETWEEN ? AND ?
-		ORDER BY version`, account, id, after, after+limit+1)
-	entries, err := collect(rows, err, func(rows *sql.Rows) (e historyEntry, err error) {
-		var text []byte
-		err = rows.Scan(&e.Version, &e.Action, &e.KeyID, &e.RequestID, &text)
+	rows, err := s.reader.QueryContext(ctx, `SELECT version, action, key_id, request_id, before,
+		button FROM (SELECT *, lag(button, 1, '{}') OVER (ORDER BY version) AS before FROM history
+			WHERE account = ? AND button_id = ?)
+		WHERE version > ? ORDER BY version LIMIT ?`, account, id, after, limit+1)
+	page, err := collect(rows, err, func(rows *sql.Rows) (e historyEntry, err error) {
+		var before, after []byte
+		err = rows.Scan(&e.Version, &e.Action, &e.KeyID, &e.RequestID, &before, &after)
 		if err == nil {
-			err = json.Unmarshal(text, &e.After)
+			err = errors.Join(json.Unmarshal(before, &e.Before), json.Unmarshal(after, &e.After))
 		}
 		return e, err
 	})
-	page := []historyEntry{}
-	for i, e := range entries {
-		if i > 0 {
-			e.Before = entries[i-1].After
-		}
-		if e.Version > after && int64(len(page)) < limit {
-			page = append(page, e)
-		}
+	if int64(len(page)) > limit { // the one more asked for: the page is not the last
+		return page[:limit], true, err
 	}
-	return page, len(entries) > 0 && entries[len(entries)-1].Version > after+limit, err
+	return page, false, err
 }
 
 // writeTx is the one write transaction running.
@@ -503,9 +498,9 @@ func (tx writeTx) change(who actor, id string, ifMatch int64, action string,
 	case action == "restore" && b.State == "active":
 		err = &apiError{code: codeWrongState, message: "button is not deleted"}
 	case action == "delete":
-		b.State, b.DeletedAt = "deleted", now()
+		b.State, b.DeletedAt = "deleted", orNil(now())
 	case action == "restore":
-		b.State, b.DeletedAt = "active", ""
+		b.State, b.DeletedAt = "active", nil
 	default:
 		err = edit(&b)
 	}

@@ -237,12 +237,13 @@ func decodeCreate(body []byte, providerName string) (button, error) {
 	b.PaymentType = f.oneOf("paymentType", "one_time", "subscription")
 	// Case-insensitive in ASCII only: strings.ToLower maps the Kelvin sign to "k".
 	s, _ := f.str("billingInterval")
-	b.BillingInterval = billingIntervals[strings.ToLower(s)]
-	if s != "" && (b.BillingInterval == "" || !onlyOf(s, letters)) {
+	interval := billingIntervals[strings.ToLower(s)]
+	b.BillingInterval = orNil(interval)
+	if s != "" && (interval == "" || !onlyOf(s, letters)) {
 		f.fail("billingInterval", `must be one of "day", "week", "month", "year"`)
-	} else if b.PaymentType == "subscription" && b.BillingInterval == "" {
+	} else if b.PaymentType == "subscription" && interval == "" {
 		f.fail("billingInterval", "is required when paymentType is subscription")
-	} else if b.PaymentType == "one_time" && b.BillingInterval != "" {
+	} else if b.PaymentType == "one_time" && interval != "" {
 		f.fail("billingInterval", "must be absent when paymentType is one_time")
 	}
 	b.PaymentMethod = f.oneOf("paymentMethod", providerName, "Stripe", "StripeConnect")
@@ -292,28 +293,28 @@ func (f *fields) edit(b *button) error {
 	}
 	if _, given := f.given["description"]; given {
 		s, _ := f.str("description")
-		next.Description = f.text("description", s, 5000, func(r rune) bool {
+		next.Description = orNil(f.text("description", s, 5000, func(r rune) bool {
 			return unicode.IsControl(r) && !strings.ContainsRune("\t\n\r", r)
-		}, "control characters other than tab and line breaks")
+		}, "control characters other than tab and line breaks"))
 	}
 	if s, ok := f.str("currency"); ok {
 		next.Currency = f.currency(s)
 	}
 	if f.has("amount") {
-		next.AmountMinor = f.amount(next.Currency)
+		next.Amount = f.amount(next.Currency)
 	} else if b.Currency != "" && next.Currency != b.Currency {
 		// A new currency without a new amount takes the stored amount, which must fit it.
-		stored := formatAmount(b.AmountMinor, b.Currency)
-		d, _ := parseDecimal(stored)
-		n, fits := d.scaled(currencyExponents[next.Currency], maxAmountMinor)
-		next.AmountMinor = n
+		d, _ := parseDecimal(b.Amount)
+		exp := currencyExponents[next.Currency]
+		n, fits := d.scaled(exp, maxAmountMinor)
+		next.Amount = formatScaled(n, exp)
 		if !fits {
 			f.fail("currency", fmt.Sprintf("cannot change to %s without a new amount: "+
-				"%s %s does not fit it", next.Currency, stored, b.Currency))
+				"%s %s does not fit it", next.Currency, b.Amount, b.Currency))
 		}
 	}
 	if f.has(feeField) {
-		next.FeeBasisPoints = f.fee(next.PaymentMethod)
+		next.Fee = orNil(f.fee(next.PaymentMethod))
 	}
 	next.Metadata = f.metadata(b.Metadata)
 	if err := invalid(f.problems); err != nil {
@@ -353,9 +354,9 @@ func (f *fields) currency(s string) string {
 	return ""
 }
 
-// amount returns the amount in currency's minor units; with currency "" (absent or broken), it
-// checks only the amount's own form.
-func (f *fields) amount(currency string) int64 {
+// amount returns the amount with currency's decimal places ("19.90" USD, "500" JPY); with currency
+// "" (absent or broken), it checks only the amount's own form.
+func (f *fields) amount(currency string) string {
 	d, ok := f.decimal("amount")
 	exp := currencyExponents[currency]
 	n, fits := d.scaled(exp, maxAmountMinor)
@@ -369,16 +370,16 @@ func (f *fields) amount(currency string) int64 {
 			currency, exp))
 	case !fits:
 		f.fail("amount", fmt.Sprintf("is above the maximum of %s %s",
-			formatAmount(maxAmountMinor, currency), currency))
+			formatScaled(maxAmountMinor, exp), currency))
 	default:
-		return n
+		return formatScaled(n, exp)
 	}
-	return 0
+	return ""
 }
 
-// fee returns ApplicationFeePercentage in basis points: 0.01 to 100 with at most 2 decimal places,
-// on a StripeConnect button only (method "" broke a rule of its own).
-func (f *fields) fee(method string) int64 {
+// fee returns ApplicationFeePercentage with two decimal places ("2.50"): 0.01 to 100 with at most 2
+// decimal places, on a StripeConnect button only (method "" broke a rule of its own).
+func (f *fields) fee(method string) string {
 	d, ok := f.decimal(feeField)
 	basisPoints, fits := d.scaled(2, 10_000)
 	switch {
@@ -390,9 +391,9 @@ func (f *fields) fee(method string) int64 {
 	case !fits || basisPoints == 0:
 		f.fail(feeField, "must be between 0.01 and 100")
 	default:
-		return basisPoints
+		return formatScaled(basisPoints, 2)
 	}
-	return 0
+	return ""
 }
 
 // metadata returns stored with the body's metadata merged in: a string sets its key, null or ""
@@ -475,6 +476,14 @@ const (
 	nameChars = letters + digits + "._-" // of metadata keys, account names and request ids
 )
 
+// orNil is s, or nil for "": an absent value.
+func orNil(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
 // onlyOf reports whether every character of s is one of allowed.
 func onlyOf(s, allowed string) bool {
 	return !strings.ContainsFunc(s, func(r rune) bool { return !strings.ContainsRune(allowed, r) })
@@ -500,12 +509,6 @@ func (d decimal) scaled(exp int, limit int64) (int64, bool) {
 	digits := "0" + d.whole + d.frac + strings.Repeat("0", max(0, exp-len(d.frac)))
 	n, err := strconv.ParseInt(digits, 10, 64)
 	return n, err == nil && len(d.frac) <= exp && n <= limit
-}
-
-// formatAmount writes minor units of currency with the currency's decimal places: "19.90" USD,
-// "500" JPY.
-func formatAmount(minor int64, currency string) string {
-	return formatScaled(minor, currencyExponents[currency])
 }
 
 // formatScaled writes n / 10^exp with exp decimal places.
