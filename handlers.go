@@ -53,9 +53,11 @@ func newServer(st *store, log *slog.Logger, cfg config) http.Handler {
 	limiter.buckets = map[string]*bucket{}
 	s := &server{store: st, log: log, providerName: cfg.providerName, limiter: limiter}
 	mux := http.NewServeMux()
+	// route serves method on path. The path alone, a pattern the mux tries after it, answers every
+	// other method: a 405 in the envelope, where the mux's own would be plain text.
 	route := func(method, path string, h http.HandlerFunc) {
 		mux.HandleFunc(method+" "+path, h)
-		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) { // every other method
+		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
 			allowed := strings.Replace(method, "GET", "GET, HEAD", 1)
 			w.Header().Set("Allow", allowed)
 			s.writeError(w, r, &apiError{code: codeMethodNotAllowed,
@@ -202,10 +204,11 @@ func (s *server) handleUpdate(w http.ResponseWriter, r *http.Request, who actor)
 	}
 	ifMatch, refusal := parseIfMatch(r.Header.Get("If-Match"))
 	update, err := decodeUpdate(body)
-	return s.write(w, r, who, body, "updated", cmp.Or(refusal, err),
-		func(tx writeTx) (button, bool, error) {
-			return tx.change(who, r.PathValue("id"), ifMatch, "update", update.edit)
-		})
+	// change runs only when nothing was refused, and so update is set.
+	change := func(tx writeTx) (button, bool, error) {
+		return tx.change(who, r.PathValue("id"), ifMatch, "update", update.edit)
+	}
+	return s.write(w, r, who, body, "updated", cmp.Or(refusal, err), change)
 }
 
 // handleStateChange handles delete and restore, whose only input but the id is If-Match: a body is

@@ -77,7 +77,7 @@ type button struct {
 	PaymentMethod   string            `json:"paymentMethod"`
 	PaymentType     string            `json:"paymentType"` // one_time or subscription
 	IsLive          bool              `json:"isLive"`
-	Fee             *string           `json:"ApplicationFeePercentage"` // two decimal places: "2.50"
+	Fee             *string           `json:"ApplicationFeePercentage"` // two decimals: "2.50"
 	Metadata        map[string]string `json:"metadata"`
 	State           string            `json:"state"`   // active or deleted
 	Version         int64             `json:"version"` // 1 at create, one more with every change
@@ -258,9 +258,9 @@ func (s *store) createSchema() error {
 	}
 }
 
-// openToRead opens the paybuttons database at path for a command that only reads it.
+// openToRead opens the paybuttons database at path read-only, for a command that only reads it.
 func openToRead(path string) (*sql.DB, error) {
-	db, _ := sql.Open("sqlite", sqliteURI(path, "_pragma=busy_timeout(5000)"))
+	db, _ := sql.Open("sqlite", sqliteURI(path, "mode=ro&_pragma=busy_timeout(5000)"))
 	var app int
 	err := db.QueryRow("SELECT application_id FROM pragma_application_id").Scan(&app)
 	if err == nil && app != applicationID {
@@ -431,7 +431,8 @@ func (s *store) list(ctx context.Context, account string, q listQuery) ([]button
 }
 
 // history returns up to limit changes to account's button id after version after, oldest first, and
-// whether more follow. Each row holds the button after its change; lag() adds the row before.
+// whether more follow. Each row holds the button after its change; lag() adds the row before (the
+// page's first takes the row of version after, which is left out).
 func (s *store) history(ctx context.Context, account, id string, after, limit int64) (
 	[]historyEntry, bool, error) {
 	if _, err := s.get(ctx, account, id); err != nil {
@@ -439,8 +440,8 @@ func (s *store) history(ctx context.Context, account, id string, after, limit in
 	}
 	rows, err := s.reader.QueryContext(ctx, `SELECT version, action, key_id, request_id, before,
 		button FROM (SELECT *, lag(button, 1, '{}') OVER (ORDER BY version) AS before FROM history
-			WHERE account = ? AND button_id = ?)
-		WHERE version > ? ORDER BY version LIMIT ?`, account, id, after, limit+1)
+			WHERE account = ? AND button_id = ? AND version BETWEEN ? AND ?)
+		WHERE version > ? ORDER BY version`, account, id, after, after+limit+1, after)
 	page, err := collect(rows, err, func(rows *sql.Rows) (e historyEntry, err error) {
 		var before, after []byte
 		err = rows.Scan(&e.Version, &e.Action, &e.KeyID, &e.RequestID, &before, &after)
