@@ -11,6 +11,7 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -19,7 +20,7 @@ import (
 	"time"
 )
 
-// testEnv is a real server on a real SQLite file, with a key for account "acme" and one for account "other".
+// testEnv is a real server on a real SQLite file, with a key for account "acme" and one for "other".
 type testEnv struct {
 	t          testing.TB
 	url, db    string
@@ -28,29 +29,26 @@ type testEnv struct {
 	otherKey   string // of account other
 }
 
-// newTestServer serves a new database file over HTTP until the test ends; change edits the config (by default
-// no rate limit).
+// newTestServer serves a new database file until the test ends; change edits the config (no rate limit).
 func newTestServer(t testing.TB, change ...func(*config)) *testEnv {
 	t.Helper()
 	e := &testEnv{t: t, db: filepath.Join(t.TempDir(), "test.db")}
-	var err error
-	if e.store, err = openStore(e.db); err != nil {
-		t.Fatalf("openStore: %v", err)
-	}
+	st, err := openStore(e.db)
+	require(t, err == nil, "openStore: %v", err)
+	e.store = st
 	e.key, e.keyID = e.mintKey("acme", false)
 	e.otherKey, _ = e.mintKey("other", false)
 	cfg := config{providerName: "the service"}
 	for _, c := range change {
 		c(&cfg)
 	}
-	srv := httptest.NewServer(newServer(e.store, slog.New(slog.DiscardHandler), cfg))
+	srv := httptest.NewServer(newServer(st, slog.New(slog.DiscardHandler), cfg))
+	e.url = srv.URL
 	t.Cleanup(func() {
 		srv.Close()
-		if err := e.store.close(); err != nil {
-			t.Errorf("close store: %v", err)
-		}
+		err := st.close()
+		expect(t, err == nil, "close store: %v", err)
 	})
-	e.url = srv.URL
 	return e
 }
 
@@ -58,9 +56,7 @@ func newTestServer(t testing.TB, change ...func(*config)) *testEnv {
 func (e *testEnv) mintKey(account string, readOnly bool) (secret, id string) {
 	e.t.Helper()
 	secret, id, err := e.store.createKey(context.Background(), account, readOnly)
-	if err != nil {
-		e.t.Fatalf("createKey(%q): %v", account, err)
-	}
+	require(e.t, err == nil, "createKey(%q): %v", account, err)
 	return secret, id
 }
 
@@ -71,11 +67,10 @@ type response struct {
 	header  http.Header
 	raw     []byte
 	env     struct {
-		IsSuccess bool              `json:"isSuccess"`
-		Data      json.RawMessage   `json:"data"`
-		Message   string            `json:"message"`
-		Code      string            `json:"code"`
-		Errors    map[string]string `json:"errors"`
+		IsSuccess     bool
+		Data          json.RawMessage
+		Message, Code string
+		Errors        map[string]string
 	}
 }
 
@@ -86,14 +81,12 @@ func (r response) dataString() string {
 	return s
 }
 
-// do sends a request to e's server, with key as X-API-KEY ("" for none) and headers as name, value pairs. It fails
+// do sends a request with key as X-API-KEY ("" for none) and headers as name, value pairs. It fails
 // the test unless the answer is an envelope that openapi.json declares for it.
 func (e *testEnv) do(method, path, key, body string, headers ...string) response {
 	e.t.Helper()
 	r, err := callAPI(http.DefaultClient, method, e.url+path, key, body, headers...)
-	if err != nil {
-		e.t.Fatalf("%s: %v", r.request, err)
-	}
+	require(e.t, err == nil, "%s: %v", r.request, err)
 	return r
 }
 
@@ -117,7 +110,8 @@ func callAPI(client *http.Client, method, url, key, body string, headers ...stri
 	}
 	defer resp.Body.Close()
 	r.status, r.header = resp.StatusCode, resp.Header
-	if r.raw, err = io.ReadAll(resp.Body); err != nil {
+	r.raw, err = io.ReadAll(resp.Body)
+	if err != nil {
 		return r, err
 	}
 	if err := json.Unmarshal(r.raw, &r.env); err != nil && !bytes.Equal(r.raw, openAPIDocument) {
@@ -129,30 +123,44 @@ func callAPI(client *http.Client, method, url, key, body string, headers ...stri
 // want checks status, isSuccess and code together.
 func (r response) want(t testing.TB, status int, code string) {
 	t.Helper()
-	if r.status != status || r.env.IsSuccess != (status == 200) || r.env.Code != code {
-		t.Fatalf("%s\ngot %d, isSuccess %v, code %q; want %d %v %q\n%s",
-			r.request, r.status, r.env.IsSuccess, r.env.Code, status, status == 200, code, r.raw)
-	}
+	require(t, r.status == status && r.env.IsSuccess == (status == 200) && r.env.Code == code,
+		"%s\ngot %d, isSuccess %v, code %q; want %d %q\n%s", r.request, r.status, r.env.IsSuccess, r.env.Code,
+		status, code, r.raw)
 }
 
 // wantFields checks a 400 that names exactly fields.
 func (r response) wantFields(t testing.TB, fields ...string) {
 	t.Helper()
 	r.want(t, 400, "invalid_request")
-	if got := slices.Sorted(maps.Keys(r.env.Errors)); !slices.Equal(got, slices.Sorted(slices.Values(fields))) {
-		t.Errorf("%s\ngot errors %v, want exactly %q", r.request, r.env.Errors, fields)
+	got, want := slices.Sorted(maps.Keys(r.env.Errors)), slices.Sorted(slices.Values(fields))
+	expect(t, slices.Equal(got, want), "%s\ngot errors %v, want exactly %q", r.request, r.env.Errors, fields)
+}
+
+// expect fails the test, which goes on, unless ok; the message says what was got and what was wanted.
+func expect(t testing.TB, ok bool, format string, args ...any) {
+	t.Helper()
+	if !ok {
+		t.Errorf(format, args...)
 	}
 }
 
-// m is a JSON object to build bodies with.
+// require is expect for a check the rest of the test needs: it stops the test.
+func require(t testing.TB, ok bool, format string, args ...any) {
+	t.Helper()
+	if !ok {
+		t.Fatalf(format, args...)
+	}
+}
+
 type m = map[string]any
 
-// createBody is a valid create body (19.90 USD, one time, Stripe) with changes; a nil value leaves a field out.
+// createBody is a valid create body (19.90 USD, one time, Stripe) with changes; nil leaves a field out.
 func createBody(changes m) string {
-	body := m{"productName": "Pro plan", "description": "Monthly access", "amount": "19.90", "currency": "USD",
-		"paymentMethod": "Stripe", "paymentType": "one_time", "isLive": false}
+	body := m{"productName": "Pro plan", "description": "Monthly access", "amount": "19.90",
+		"currency": "USD", "paymentMethod": "Stripe", "paymentType": "one_time", "isLive": false}
 	for name, value := range changes {
-		if body[name] = value; value == nil {
+		body[name] = value
+		if value == nil {
 			delete(body, name)
 		}
 	}
@@ -172,33 +180,33 @@ func (e *testEnv) create(key, body string) string {
 func (e *testEnv) stored(account, id string) button {
 	e.t.Helper()
 	b, err := e.store.get(context.Background(), account, id)
-	if err != nil {
-		e.t.Fatalf("read back %s: %v", id, err)
-	}
+	require(e.t, err == nil, "read back %s: %v", id, err)
 	return b
 }
 
-// count runs a query that counts, such as `SELECT count(*) FROM buttons`.
+// count runs a query that counts, such as `SELECT count(*) FROM history`.
 func (e *testEnv) count(query string, args ...any) int {
 	e.t.Helper()
 	var n int
-	if err := e.store.reader.QueryRow(query, args...).Scan(&n); err != nil {
-		e.t.Fatalf("%s: %v", query, err)
-	}
+	err := e.store.reader.QueryRow(query, args...).Scan(&n)
+	require(e.t, err == nil, "%s: %v", query, err)
 	return n
 }
 
-// view reads a button through get.
-func (e *testEnv) view(key, id string) map[string]any {
+func (e *testEnv) buttons() int { return e.count(`SELECT count(*) FROM buttons`) }
+
+// holdWriteLock takes the write lock until the test ends; no key's last use is written meanwhile.
+func (e *testEnv) holdWriteLock() *sql.Tx {
 	e.t.Helper()
-	r := e.do("GET", "/product-payment/get/"+id, key, "")
-	r.want(e.t, 200, "")
-	var v map[string]any
-	json.Unmarshal(r.env.Data, &v)
-	return v
+	e.store.writer.Exec(`UPDATE api_keys SET last_used_at = ?`, now())
+	db, _ := sql.Open("sqlite", sqliteURI(e.db, "_pragma=busy_timeout(5000)&_txlock=immediate"))
+	tx, err := db.Begin()
+	require(e.t, err == nil, "take the write lock: %v", err)
+	e.t.Cleanup(func() { tx.Rollback(); db.Close() })
+	return tx
 }
 
-// runCLI runs the program in this process with args and env, and returns its stdout, its stderr and its error.
+// runCLI runs the program in this process with args and env; it returns stdout, stderr and the error.
 func runCLI(t testing.TB, env map[string]string, args ...string) (string, string, error) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
@@ -207,121 +215,92 @@ func runCLI(t testing.TB, env map[string]string, args ...string) (string, string
 	return stdout.String(), stderr.String(), err
 }
 
-// --- the operations, end to end ---
-
-// Delete and restore move a button between its states, a version each; a deleted button is read, not updated.
-func TestStateMachine(t *testing.T) {
-	e := newTestServer(t)
-	id := e.create(e.key, createBody(nil))
-	for i, s := range []struct {
-		method, path, body, code, state string
-		status, version                 int
-	}{
-		{"POST", "restore/", "", "wrong_state", "active", 409, 1},
-		{"DELETE", "delete/", "", "", "deleted", 200, 2},
-		{"DELETE", "delete/", "", "wrong_state", "deleted", 409, 2},
-		{"POST", "update/", `{"amount":"5.00"}`, "wrong_state", "deleted", 409, 2},
-		{"POST", "restore/", "", "", "active", 200, 3},
-		{"POST", "update/", `{"amount":"5.00"}`, "", "active", 200, 4},
-		{"POST", "update/", `{"amount":"5"}`, "", "active", 200, 4}, // unchanged: no new version
-	} {
-		r := e.do(s.method, "/product-payment/"+s.path+id, e.key, s.body)
-		r.want(t, s.status, s.code)
-		v := e.view(e.key, id)
-		if v["state"] != s.state || v["version"] != float64(s.version) || (s.state == "deleted") == (v["deletedAt"] == nil) {
-			t.Fatalf("step %d, %s: got %v, want state %s, version %d", i, r.request, v, s.state, s.version)
-		}
-		if s.status == 200 && (r.header.Get("ETag") != fmt.Sprintf(`"%d"`, s.version) || r.dataString() != id) {
-			t.Errorf("%s: got ETag %q data %q, want \"%d\" and the id", r.request, r.header.Get("ETag"), r.dataString(), s.version)
+// awaitTrue polls cond until it holds, and returns false if it does not within 20 s.
+func awaitTrue(cond func() bool) bool {
+	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(2 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return false
 		}
 	}
-	if n := e.count(`SELECT count(*) FROM history WHERE button_id = ?`, id); n != 4 {
-		t.Errorf("got %d history rows, want 4: the unchanged update writes none", n)
-	}
+	return true
 }
 
-// Every refusal has its status and code and stores nothing; another account's button does not exist; every answer
-// carries the usual headers.
+func longTests() bool { return os.Getenv("PAYBUTTONS_LONG_TESTS") == "1" }
+
+// A refusal has its status and code, changes nothing and names 20 problems at most; usual headers on all.
 func TestStatusCodesAndHeaders(t *testing.T) {
 	e := newTestServer(t)
-	id, otherID := e.create(e.key, createBody(nil)), e.create(e.otherKey, createBody(nil))
-	before, create, body := e.stored("acme", id), "/product-payment/create", createBody(nil)
-	for _, tt := range []struct {
-		name, method, path, key, body string
-		headers                       []string
-		status                        int
-		code                          string
+	id, otherID, deleted := e.create(e.key, createBody(nil)), e.create(e.otherKey, createBody(nil)),
+		e.create(e.key, createBody(nil))
+	e.do("DELETE", "/product-payment/delete/"+deleted, e.key, "").want(t, 200, "")
+	readOnly, _ := e.mintKey("acme", true)
+	before, body := e.stored("acme", id), createBody(nil)
+	p, create := "/product-payment/", "/product-payment/create"
+	for _, c := range []struct {
+		method, path, key, body string
+		header                  string // "Name: value", or ""
+		status                  int
+		code                    string
 	}{
-		{"no key", "GET", "/product-payment/get/" + id, "", "", nil, 401, "unauthorized"},
-		{"unknown key", "GET", "/product-payment/get/" + id, "pbk_nope", "", nil, 401, "unauthorized"},
-		{"key before body", "POST", create, "", "{", nil, 401, "unauthorized"},
-		{"unknown id", "GET", "/product-payment/get/btn_01JD0000000000000000000000", e.key, "", nil, 404, "not_found"},
-		{"malformed id", "GET", "/product-payment/get/42", e.key, "", nil, 404, "not_found"},
-		{"other account: get", "GET", "/product-payment/get/" + otherID, e.key, "", nil, 404, "not_found"},
-		{"other account: history", "GET", "/product-payment/history/" + id, e.otherKey, "", nil, 404, "not_found"},
-		{"other account: update", "POST", "/product-payment/update/" + id, e.otherKey, `{"amount":"1"}`, nil, 404, "not_found"},
-		{"other account: delete", "DELETE", "/product-payment/delete/" + id, e.otherKey, "", nil, 404, "not_found"},
-		{"other account: restore", "POST", "/product-payment/restore/" + id, e.otherKey, "", nil, 404, "not_found"},
-		{"unknown path", "GET", "/nope", e.key, "", nil, 404, "not_found"},
-		{"removed: change feed", "GET", "/product-payment/changes", e.key, "", nil, 404, "not_found"},
-		{"removed: metrics", "GET", "/metrics", "", "", nil, 404, "not_found"},
-		{"dot-dot, not redirected", "GET", "/product-payment/get/../create", e.key, "", nil, 404, "not_found"},
-		{"double slash", "GET", "/product-payment//get/" + id, e.key, "", nil, 404, "not_found"},
-		{"encoded dot segment", "GET", "/product-payment/get/%2e%2e/x", e.key, "", nil, 404, "not_found"},
-		{"trailing slash", "POST", create + "/", e.key, body, nil, 404, "not_found"},
-		{"wrong method", "GET", create, e.key, "", nil, 405, "method_not_allowed"},
-		{"OPTIONS", "OPTIONS", create, "", "", nil, 405, "method_not_allowed"},
-		{"not JSON", "POST", create, e.key, body, []string{"Content-Type", "text/plain"}, 415, "unsupported_media_type"},
-		{"charset", "POST", create, e.key, body, []string{"Content-Type", "application/json; charset=utf-8"}, 200, ""},
-		{"+json", "POST", create, e.key, body, []string{"Content-Type", "application/vnd.x+json"}, 200, ""},
-		{"too large", "POST", create, e.key, strings.Repeat(" ", 64<<10) + body, nil, 413, "payload_too_large"},
-		{"bad If-Match", "DELETE", "/product-payment/delete/" + id, e.key, "", []string{"If-Match", `"01"`}, 400, "invalid_request"},
-		{"stale If-Match", "DELETE", "/product-payment/delete/" + id, e.key, "", []string{"If-Match", `"2"`}, 412, "precondition_failed"},
-		{"update that does not fit", "POST", "/product-payment/update/" + id, e.key, `{"currency":"JPY"}`, nil, 400, "invalid_request"},
+		{"GET", p + "get/" + id, "", "", "", 401, "unauthorized"},
+		{"GET", p + "get/" + id, "pbk_nope", "", "", 401, "unauthorized"},
+		{"POST", create, "", "{", "", 401, "unauthorized"}, // the key is checked before the body
+		{"GET", p + "get/" + id, readOnly, "", "", 200, ""},
+		{"POST", create, readOnly, "{", "", 403, "forbidden"}, // before the body too
+		{"POST", p + "update/" + id, readOnly, `{"amount":"1"}`, "", 403, "forbidden"},
+		{"DELETE", p + "delete/" + id, readOnly, "", "", 403, "forbidden"},
+		{"POST", p + "restore/" + deleted, readOnly, "", "", 403, "forbidden"},
+		{"GET", p + "get/btn_01JD0000000000000000000000", e.key, "", "", 404, "not_found"},
+		{"GET", p + "get/42", e.key, "", "", 404, "not_found"},
+		{"GET", p + "get/" + otherID, e.key, "", "", 404, "not_found"}, // another account's
+		{"GET", p + "history/" + id, e.otherKey, "", "", 404, "not_found"},
+		{"POST", p + "update/" + id, e.otherKey, `{"amount":"1"}`, "", 404, "not_found"},
+		{"DELETE", p + "delete/" + id, e.otherKey, "", "", 404, "not_found"},
+		{"POST", p + "restore/" + id, e.key, "", "", 409, "wrong_state"}, // it is active
+		{"DELETE", p + "delete/" + deleted, e.key, "", "", 409, "wrong_state"},
+		{"POST", p + "update/" + deleted, e.key, `{"amount":"1"}`, "", 409, "wrong_state"},
+		{"GET", "/nope", e.key, "", "", 404, "not_found"},
+		{"GET", p + "changes", e.key, "", "", 404, "not_found"},       // removed: the change feed
+		{"GET", "/metrics", "", "", "", 404, "not_found"},             // removed
+		{"GET", p + "get/../create", e.key, "", "", 404, "not_found"}, // never redirected
+		{"GET", p + "get/%2e%2e/x", e.key, "", "", 404, "not_found"},
+		{"POST", create + "/", e.key, body, "", 404, "not_found"},
+		{"GET", create, e.key, "", "", 405, "method_not_allowed"},
+		{"OPTIONS", create, "", "", "", 405, "method_not_allowed"},
+		{"POST", create, e.key, body, "Content-Type: text/plain", 415, "unsupported_media_type"},
+		{"POST", create, e.key, body, "Content-Type: application/json; charset=utf-8", 200, ""},
+		{"POST", create, e.key, body, "Content-Type: application/vnd.x+json", 200, ""},
+		{"DELETE", p + "delete/" + id, e.key, "", `If-Match: "01"`, 400, "invalid_request"},
+		{"DELETE", p + "delete/" + id, e.key, "", `If-Match: "2"`, 412, "precondition_failed"},
 	} {
-		t.Run(tt.name, func(t *testing.T) {
-			buttons := e.count(`SELECT count(*) FROM buttons`)
-			r := e.do(tt.method, tt.path, tt.key, tt.body, tt.headers...)
-			r.want(t, tt.status, tt.code)
-			if n := e.count(`SELECT count(*) FROM buttons`); (tt.status == 200) != (n == buttons+1) {
-				t.Errorf("%s: got %d buttons after it, had %d", r.request, n, buttons)
-			}
-			if tt.status == 405 && r.header.Get("Allow") != "POST" {
-				t.Errorf("got Allow %q, want POST", r.header.Get("Allow"))
-			}
-			for header, want := range map[string]string{"Content-Type": "application/json", "Cache-Control": "no-store",
-				"X-Content-Type-Options": "nosniff"} {
-				if got := r.header.Get(header); got != want {
-					t.Errorf("%s: got %s %q, want %q", r.request, header, got, want)
-				}
-			}
-		})
-	}
-	if after := e.stored("acme", id); !reflect.DeepEqual(after, before) {
-		t.Errorf("got %+v, want acme's button unchanged: %+v", after, before)
-	}
-	for sent, want := range map[string]string{"trace-42": "trace-42", "bad id\u00e9": "req_", "": "req_"} {
-		if got := e.do("GET", "/nope", "", "", "X-Request-Id", sent).header.Get("X-Request-Id"); !strings.HasPrefix(got, want) {
-			t.Errorf("sent X-Request-Id %q: got %q, want %q", sent, got, want)
+		var headers []string
+		if name, value, ok := strings.Cut(c.header, ": "); ok {
+			headers = []string{name, value}
 		}
+		buttons := e.buttons()
+		r := e.do(c.method, c.path, c.key, c.body, headers...)
+		r.want(t, c.status, c.code)
+		n, created := e.buttons(), c.path == create && c.status == 200
+		expect(t, created == (n == buttons+1), "%s: got %d buttons, had %d", r.request, n, buttons)
+		h := r.header
+		expect(t, h.Get("Cache-Control") == "no-store" && h.Get("X-Content-Type-Options") == "nosniff",
+			"%s: got headers %v, want no-store and nosniff", r.request, h)
 	}
-}
-
-// A refusal names at most 20 problems, each name cut to 40 characters, and says how many more there were.
-func TestRefusalsAreBounded(t *testing.T) {
-	e := newTestServer(t)
-	body := m{"a" + strings.Repeat("x", 99): 1}
+	after := e.stored("acme", id)
+	expect(t, reflect.DeepEqual(after, before), "got %s, want acme's button unchanged", jsonOf(after))
+	// A refusal names at most 20 problems, each cut to 40 characters: no answer grows with the request.
+	many := m{"a" + strings.Repeat("x", 99): 1}
 	for i := range 24 {
-		body[fmt.Sprint("unknown", i)] = i
+		many[fmt.Sprint("unknown", i)] = i
 	}
-	text, _ := json.Marshal(body)
+	text, _ := json.Marshal(many)
 	r := e.do("POST", "/product-payment/create", e.key, string(text))
 	r.want(t, 400, "invalid_request")
-	if len(r.env.Errors) != 20 || r.env.Errors["a"+strings.Repeat("x", 38)+"…"] == "" ||
-		!strings.HasPrefix(r.env.Message, "31 fields are invalid: ") || !strings.HasSuffix(r.env.Message, " and 11 more") {
-		t.Errorf("got %d errors, message %q; want 20, the long name cut, and \"31 fields ... and 11 more\"\n%v",
-			len(r.env.Errors), r.env.Message, r.env.Errors)
-	}
+	_, cut := r.env.Errors["a"+strings.Repeat("x", 38)+"…"]
+	expect(t, len(r.env.Errors) == 20 && cut, "got errors %v, want 20, the long name cut to 40", r.env.Errors)
+	msg := r.env.Message
+	expect(t, strings.HasPrefix(msg, "31 fields are invalid: ") && strings.HasSuffix(msg, " and 11 more"),
+		"got message %q, want \"31 fields are invalid: ... and 11 more\"", msg)
 }
 
 // Each key has its own token bucket; past it a request is refused with Retry-After and does nothing.
@@ -331,42 +310,13 @@ func TestRateLimit(t *testing.T) {
 	e.do("GET", "/product-payment/get/x", e.key, "").want(t, 404, "not_found")
 	r := e.do("POST", "/product-payment/create", e.key, createBody(nil))
 	r.want(t, 429, "rate_limited")
-	if r.header.Get("Retry-After") != "1000" || e.count(`SELECT count(*) FROM buttons`) != 0 {
-		t.Errorf("got Retry-After %q and %d buttons, want 1000 (1/0.001 s) and 0", r.header.Get("Retry-After"),
-			e.count(`SELECT count(*) FROM buttons`))
-	}
+	expect(t, r.header.Get("Retry-After") == "1000", "got %v, want Retry-After: 1000 (1/0.001 s)", r.header)
+	expect(t, e.buttons() == 0, "got %d buttons, want none", e.buttons())
 	spare, _ := e.mintKey("acme", false) // a bucket per key, not per account
 	e.do("GET", "/product-payment/get/x", spare, "").want(t, 404, "not_found")
 }
 
-// A read-only key reads and is refused every write before its body is read; a revoked key, by another process
-// too, is refused at its next request like an unknown one, while the account's other keys work on.
-func TestReadOnlyAndRevokedKeys(t *testing.T) {
-	e := newTestServer(t)
-	id := e.create(e.key, createBody(nil))
-	readOnly, _ := e.mintKey("acme", true)
-	spare, spareID := e.mintKey("acme", false)
-	e.view(readOnly, id)
-	for _, req := range [][]string{{"POST", "create", "{"}, {"POST", "update/" + id, `{"amount":"1"}`},
-		{"DELETE", "delete/" + id, ""}, {"POST", "restore/" + id, ""}} {
-		e.do(req[0], "/product-payment/"+req[1], readOnly, req[2], "Idempotency-Key", "ro").want(t, 403, "forbidden")
-	}
-	if _, _, err := runCLI(t, nil, "keys", "revoke", "-db", e.db, spareID); err != nil {
-		t.Fatalf("keys revoke: %v", err)
-	}
-	unknown := e.do("GET", "/product-payment/get/"+id, "pbk_unknown", "")
-	for _, path := range []string{"get/" + id, "list", "history/" + id} {
-		r := e.do("GET", "/product-payment/"+path, spare, "")
-		if r.want(t, 401, "unauthorized"); r.env.Message != unknown.env.Message {
-			t.Errorf("%s: got %q, want %q as for an unknown key", r.request, r.env.Message, unknown.env.Message)
-		}
-	}
-	if v := e.view(e.key, id); v["version"] != 1.0 || e.count(`SELECT count(*) FROM idempotency_keys`) != 0 {
-		t.Errorf("got %v and stored answers, want version 1 and none kept for a 403", v)
-	}
-}
-
-// list pages newest first and filters; every query parameter is checked, and ones never built are refused.
+// list pages newest first and filters; each query parameter is checked, and removed ones are refused.
 func TestList(t *testing.T) {
 	e := newTestServer(t)
 	var ids []string
@@ -376,180 +326,171 @@ func TestList(t *testing.T) {
 	}
 	e.do("DELETE", "/product-payment/delete/"+ids[4], e.key, "").want(t, 200, "")
 	e.create(e.otherKey, createBody(nil))
-	list := func(query string) (got []string, next any) {
-		t.Helper()
-		r := e.do("GET", "/product-payment/list?"+query, e.key, "")
+	for _, c := range []struct {
+		query string
+		want  []string
+		next  string // the last id when more follow, else ""
+	}{
+		{"", []string{ids[3], ids[2], ids[1], ids[0]}, ""},
+		{"limit=3", []string{ids[3], ids[2], ids[1]}, ids[1]},
+		{"limit=2&after=" + ids[3], []string{ids[2], ids[1]}, ids[1]},
+		{"state=deleted", []string{ids[4]}, ""},
+		{"state=all&isLive=true", []string{ids[1], ids[0]}, ""},
+		{"paymentMethod=the%20service", []string{ids[3], ids[1]}, ""},
+	} {
+		r := e.do("GET", "/product-payment/list?"+c.query, e.key, "")
 		r.want(t, 200, "")
-		var data struct {
+		var page struct {
 			Items   []struct{ ID string }
 			HasMore bool
-			Next    any
+			Next    string
 		}
-		json.Unmarshal(r.env.Data, &data)
-		for _, item := range data.Items {
-			got = append(got, item.ID)
+		json.Unmarshal(r.env.Data, &page)
+		var got []string
+		for _, b := range page.Items {
+			got = append(got, b.ID)
 		}
-		if data.HasMore != (data.Next != nil) {
-			t.Errorf("%s: hasMore %v with next %v", r.request, data.HasMore, data.Next)
-		}
-		return got, data.Next
-	}
-	for query, want := range map[string][]string{
-		"":                            {ids[3], ids[2], ids[1], ids[0]},
-		"limit=2&after=" + ids[3]:     {ids[2], ids[1]},
-		"state=deleted":               {ids[4]},
-		"state=all&isLive=true":       {ids[1], ids[0]},
-		"paymentMethod=the%20service": {ids[3], ids[1]},
-	} {
-		if got, _ := list(query); !slices.Equal(got, want) {
-			t.Errorf("list?%s: got %v, want %v", query, got, want)
-		}
-	}
-	if got, next := list("limit=3"); len(got) != 3 || next != ids[1] {
-		t.Errorf("list?limit=3: got %v next %v, want 3 items and next %s", got, next, ids[1])
+		expect(t, slices.Equal(got, c.want) && page.HasMore == (c.next != "") && page.Next == c.next,
+			"list?%s: got %s, want %v and next %q", c.query, r.env.Data, c.want, c.next)
 	}
 	for query, field := range map[string]string{"limit=0": "limit", "limit=101": "limit", "limit=+5": "limit",
-		"after=btn_x": "after", "state=gone": "state", "isLive=1": "isLive", "paymentMethod=stripe": "paymentMethod",
-		"metadata%5Bteam%5D=web": "metadata[team]", "since=0": "since", "limit=1&limit=2": "limit", "%zz": "query"} {
+		"limit=1&limit=2": "limit", "after=btn_x": "after", "state=gone": "state", "isLive=1": "isLive",
+		"paymentMethod=stripe": "paymentMethod", "%zz": "query",
+		"metadata%5Bteam%5D=web": "metadata[team]", "since=0": "since"} { // the last two: removed
 		e.do("GET", "/product-payment/list?"+query, e.key, "").wantFields(t, field)
 	}
 }
 
-// history pages a button's changes, oldest first, with their author and what changed as get shows it.
+// history pages a button's changes, oldest first, each with its author and what it changed.
 func TestHistory(t *testing.T) {
 	e := newTestServer(t)
 	id := e.create(e.key, createBody(m{"metadata": m{"orderRef": "A-17"}}))
-	e.do("POST", "/product-payment/update/"+id, e.key, `{"amount":"24.9","description":null,"metadata":{"orderRef":null,"team":"web"}}`,
-		"X-Request-Id", "trace-7").want(t, 200, "")
+	update := `{"amount":"24.9","description":null,"metadata":{"orderRef":null,"team":"web"}}`
+	e.do("POST", "/product-payment/update/"+id, e.key, update, "X-Request-Id", "trace-7").want(t, 200, "")
 	e.do("DELETE", "/product-payment/delete/"+id, e.key, "").want(t, 200, "")
-	r := e.do("GET", "/product-payment/history/"+id+"?limit=2", e.key, "")
-	r.want(t, 200, "")
 	var page struct {
 		Items   []map[string]any
 		HasMore bool
 		Next    any
 	}
+	r := e.do("GET", "/product-payment/history/"+id+"?limit=2", e.key, "")
+	r.want(t, 200, "")
 	json.Unmarshal(r.env.Data, &page)
-	update := m{"version": 2.0, "action": "update", "keyId": e.keyID, "requestId": "trace-7", "at": page.Items[1]["at"],
-		"changes": m{"amount": m{"from": "19.90", "to": "24.90"}, "description": m{"from": "Monthly access", "to": nil},
+	require(t, len(page.Items) == 2 && page.HasMore && page.Next == 2.0,
+		"history?limit=2: got %s, want 2 items, hasMore and next 2", r.env.Data)
+	want := m{"version": 2.0, "action": "update", "keyId": e.keyID, "requestId": "trace-7",
+		"at": page.Items[1]["at"], "changes": m{"amount": m{"from": "19.90", "to": "24.90"},
+			"description":       m{"from": "Monthly access", "to": nil},
 			"metadata.orderRef": m{"from": "A-17", "to": nil}, "metadata.team": m{"from": nil, "to": "web"}}}
-	created := page.Items[0]["changes"].(map[string]any)
-	if len(page.Items) != 2 || !page.HasMore || page.Next != 2.0 || !reflect.DeepEqual(page.Items[1], update) ||
-		created["amount"].(map[string]any)["to"] != "19.90" || len(created) != 9 {
-		t.Errorf("history?limit=2: got %s\nwant the create (9 fields set) and %v, hasMore, next 2", r.env.Data, update)
-	}
+	expect(t, reflect.DeepEqual(page.Items[1], want), "the update: got %v\nwant %v", page.Items[1], want)
 	r = e.do("GET", "/product-payment/history/"+id+"?after=2", e.key, "")
 	r.want(t, 200, "")
 	json.Unmarshal(r.env.Data, &page)
-	if len(page.Items) != 1 || page.HasMore || page.Next != nil ||
-		!reflect.DeepEqual(page.Items[0]["changes"], map[string]any{"state": m{"from": "active", "to": "deleted"}}) {
-		t.Errorf("history?after=2: got %s, want the delete alone, and the end", r.env.Data)
-	}
+	deleted := m{"state": m{"from": "active", "to": "deleted"}}
+	expect(t, len(page.Items) == 1 && !page.HasMore && reflect.DeepEqual(page.Items[0]["changes"], deleted),
+		"history?after=2: got %s, want the delete alone, and the end", r.env.Data)
 	for query, field := range map[string]string{"after=-1": "after", "after=9007199254740992": "after",
 		"limit=0": "limit", "wait=1": "wait"} {
 		e.do("GET", "/product-payment/history/"+id+"?"+query, e.key, "").wantFields(t, field)
 	}
 }
 
-// An Idempotency-Key replays the first answer byte for byte, refusals included; another request with it is a 422,
-// the key of another account is another key, and what is answered before the operation runs is not kept.
+// An Idempotency-Key replays the first answer (refusals too) byte for byte for 24 h; ETag is the version.
 func TestIdempotencyKeys(t *testing.T) {
 	e := newTestServer(t)
 	id := e.create(e.key, createBody(nil))
-	for i, req := range []struct{ method, path, body, ifMatch, code string }{
-		{"POST", "create", createBody(nil), "", ""},
-		{"POST", "create", `{"productName":""}`, "", "invalid_request"},
-		{"DELETE", "delete/" + id, "", `"1"`, ""},
-		{"DELETE", "delete/" + id, "", `"1"`, "precondition_failed"},
-		{"POST", "restore/btn_01JD0000000000000000000000", "", "", "not_found"},
+	for i, req := range []struct{ method, path, body, ifMatch, code, etag string }{
+		{"POST", "create", createBody(nil), "", "", `"1"`},
+		{"POST", "create", `{"productName":""}`, "", "invalid_request", ""},
+		{"DELETE", "delete/" + id, "", `"1"`, "", `"2"`},
+		{"DELETE", "delete/" + id, "", `"1"`, "precondition_failed", ""},
+		{"POST", "restore/btn_01JD0000000000000000000000", "", "", "not_found", ""},
 	} {
 		headers := []string{"Idempotency-Key", fmt.Sprint("key-", i), "If-Match", req.ifMatch}
 		first := e.do(req.method, "/product-payment/"+req.path, e.key, req.body, headers...)
 		again := e.do(req.method, "/product-payment/"+req.path, e.key, req.body, headers...)
-		if first.env.Code != req.code || again.header.Get("Idempotent-Replayed") != "true" ||
-			first.header.Get("Idempotent-Replayed") != "" || again.status != first.status ||
-			!bytes.Equal(again.raw, first.raw) || again.header.Get("ETag") != first.header.Get("ETag") {
-			t.Errorf("%s twice: got %d %s (ETag %q), then %d %s (ETag %q, replayed %q); want code %q replayed",
-				first.request, first.status, first.raw, first.header.Get("ETag"), again.status, again.raw,
-				again.header.Get("ETag"), again.header.Get("Idempotent-Replayed"), req.code)
-		}
+		expect(t, first.env.Code == req.code && first.header.Get("ETag") == req.etag &&
+			first.header.Get("Idempotent-Replayed") == "", "%s: got %s, %v; want code %q, ETag %s",
+			first.request, first.raw, first.header, req.code, req.etag)
+		expect(t, again.header.Get("Idempotent-Replayed") == "true" && again.status == first.status &&
+			bytes.Equal(again.raw, first.raw) && again.header.Get("ETag") == req.etag,
+			"%s again: got %d %s, %v; want %d %s, replayed", again.request, again.status, again.raw,
+			again.header, first.status, first.raw)
 	}
-	body := createBody(nil)
-	e.do("POST", "/product-payment/create", e.key, createBody(m{"amount": "1"}), "Idempotency-Key", "key-0").
+	body, create := createBody(nil), "/product-payment/create"
+	e.do("POST", create, e.key, createBody(m{"amount": "1"}), "Idempotency-Key", "key-0").
 		want(t, 422, "idempotency_mismatch")
 	e.do("DELETE", "/product-payment/delete/"+id, e.key, "", "Idempotency-Key", "key-2", "If-Match", `"2"`).
 		want(t, 422, "idempotency_mismatch") // If-Match is part of the request
-	e.do("POST", "/product-payment/create", e.otherKey, body, "Idempotency-Key", "key-0").want(t, 200, "")
-	e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", "ct", "Content-Type", "text/plain").
+	e.do("POST", create, e.otherKey, body, "Idempotency-Key", "key-0").want(t, 200, "") // another account's
+	e.do("POST", create, e.key, body, "Idempotency-Key", "ct", "Content-Type", "text/plain").
 		want(t, 415, "unsupported_media_type")
-	e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", "ct").want(t, 200, "")
-	if kept, buttons := e.count(`SELECT count(*) FROM idempotency_keys`), e.count(`SELECT count(*) FROM buttons`); kept != 7 || buttons != 4 {
-		t.Errorf("got %d kept answers and %d buttons, want 7 (key-0..4, other's key-0, ct) and 4", kept, buttons)
-	}
+	e.do("POST", create, e.key, body, "Idempotency-Key", "ct").want(t, 200, "") // the 415 was not kept
 	for _, key := range []string{"", strings.Repeat("k", 256), "tab\tin"} {
-		e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", key).wantFields(t, "Idempotency-Key")
+		e.do("POST", create, e.key, body, "Idempotency-Key", key).wantFields(t, "Idempotency-Key")
 	}
-	// After 24 hours an answer is gone: the key runs its request afresh.
-	e.store.writer.Exec(`UPDATE idempotency_keys SET created_at = ? WHERE key = 'key-0'`, stamp(time.Now().Add(-25*time.Hour)))
-	if r := e.do("POST", "/product-payment/create", e.key, body, "Idempotency-Key", "key-0"); r.header.Get("Idempotent-Replayed") != "" ||
-		e.count(`SELECT count(*) FROM buttons`) != 5 {
-		t.Errorf("an expired key: got %s (replayed %q), want a new button", r.raw, r.header.Get("Idempotent-Replayed"))
-	}
+	old := stamp(time.Now().Add(-25 * time.Hour))
+	e.store.writer.Exec(`UPDATE idempotency_keys SET created_at = ? WHERE key = 'key-0'`, old)
+	buttons := e.buttons()
+	r := e.do("POST", create, e.key, body, "Idempotency-Key", "key-0")
+	expect(t, r.header.Get("Idempotent-Replayed") == "" && e.buttons() == buttons+1,
+		"a key 25 h old: got %s, %v; want a new button", r.raw, r.header)
 }
 
-// While a write with an Idempotency-Key runs, the same key is answered 409 and the write goes on to its answer.
-func TestIdempotencyKeyInFlight(t *testing.T) {
+// A write waiting for the lock holds its key (409); past busy_timeout it is a 503 whose retry runs.
+func TestWriteWaitingForTheLock(t *testing.T) {
 	e := newTestServer(t)
-	e.do("GET", "/product-payment/list", e.key, "").want(t, 200, "") // the key's last use, noted now, not in the test
-	lock, err := sql.Open("sqlite", sqliteURI(e.db, "_pragma=busy_timeout(5000)&_txlock=immediate"))
-	if err != nil {
-		t.Fatal(err)
+	held, path, body := e.holdWriteLock(), "/product-payment/create", createBody(nil)
+	var last response
+	done := make(chan error, 1)
+	send := func() {
+		var err error
+		last, err = callAPI(http.DefaultClient, "POST", e.url+path, e.key, body, "Idempotency-Key", "once")
+		done <- err
 	}
-	defer lock.Close()
-	held, err := lock.Begin() // the write lock: the first create waits for it, holding its key
-	if err != nil {
-		t.Fatal(err)
+	go send()
+	began := awaitTrue(func() bool { return e.store.writer.Stats().InUse > 0 })
+	require(t, began, "the first create did not begin its write within 20 s")
+	e.do("POST", path, e.key, body, "Idempotency-Key", "once").want(t, 409, "idempotency_in_flight")
+	if longTests() { // the lock held on past busy_timeout (5 s)
+		err := <-done
+		require(t, err == nil, "the first create: %v", err)
+		last.want(t, 503, "unavailable")
+		n := e.buttons() + e.count(`SELECT count(*) FROM idempotency_keys`)
+		expect(t, last.header.Get("Retry-After") == "1" && n == 0, "got %v, %d buttons and answers kept; "+
+			"want Retry-After: 1, none", last.header, n)
+		go send() // the retry, which runs afresh once the lock is free
 	}
-	first := make(chan response, 1)
-	go func() {
-		r, _ := callAPI(http.DefaultClient, "POST", e.url+"/product-payment/create", e.key, createBody(nil),
-			"Idempotency-Key", "once")
-		first <- r
-	}()
-	for deadline := time.Now().Add(5 * time.Second); e.store.writer.Stats().InUse == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the first create never began its write")
-		}
-	}
-	e.do("POST", "/product-payment/create", e.key, createBody(nil), "Idempotency-Key", "once").
-		want(t, 409, "idempotency_in_flight")
 	held.Rollback()
-	if r := <-first; r.status != 200 || e.count(`SELECT count(*) FROM buttons`) != 1 {
-		t.Errorf("the first create: got %d %s and %d buttons, want 200 and 1", r.status, r.raw, e.count(`SELECT count(*) FROM buttons`))
-	}
+	err := <-done
+	require(t, err == nil, "the create: %v", err)
+	last.want(t, 200, "")
+	expect(t, last.header.Get("Idempotent-Replayed") == "" && e.buttons() == 1, "got %s, %v; want a new "+
+		"button, not replayed", last.raw, last.header)
 }
 
-// /healthz answers 200 while the database answers a read, 503 with Retry-After when it does not.
-func TestHealthz(t *testing.T) {
+// The file is WAL and writes synchronous=FULL; /healthz answers 503 when the database does not answer,
+// and a panic is a 500 that logs its cause with the request id, never sent.
+func TestHealthAndFailures(t *testing.T) {
 	e := newTestServer(t)
+	mode, synchronous := "", 0
+	e.store.reader.QueryRow(`PRAGMA journal_mode`).Scan(&mode)
+	e.store.writer.QueryRow(`PRAGMA synchronous`).Scan(&synchronous)
+	expect(t, mode == "wal" && synchronous == 2, "got journal_mode %q, the writer's synchronous %d; want "+
+		"wal (reads never wait for the writer) and 2 (FULL)", mode, synchronous)
 	e.do("GET", "/healthz", "", "").want(t, 200, "")
 	e.store.reader.Close()
 	r := e.do("GET", "/healthz", "", "")
-	if r.want(t, 503, "unavailable"); r.header.Get("Retry-After") != "1" {
-		t.Errorf("got Retry-After %q, want 1", r.header.Get("Retry-After"))
-	}
-}
-
-// A panic is a 500 with the generic envelope; the log has the cause and the request id.
-func TestPanicIsA500(t *testing.T) {
+	r.want(t, 503, "unavailable")
+	expect(t, r.header.Get("Retry-After") == "1", "got headers %v, want Retry-After: 1", r.header)
 	var logs bytes.Buffer
 	s := &server{log: slog.New(slog.NewTextHandler(&logs, nil))}
 	rec, req := httptest.NewRecorder(), httptest.NewRequest("GET", "/x", nil)
 	req.Header.Set("X-Request-Id", "trace-500")
-	s.withBasics(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("secret detail") })).ServeHTTP(rec, req)
-	if rec.Code != 500 || !bytes.Equal(rec.Body.Bytes(), internalError) ||
-		!strings.Contains(logs.String(), `msg=panic requestId=trace-500 panic="secret detail"`) {
-		t.Errorf("got %d %s, log %s; want 500 %s, and the panic logged with the request id", rec.Code, rec.Body,
-			logs.String(), internalError)
-	}
+	s.withBasics(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("secret detail") })).
+		ServeHTTP(rec, req)
+	expect(t, rec.Code == 500 && bytes.Equal(rec.Body.Bytes(), internalError), "got %d %s, want 500 %s",
+		rec.Code, rec.Body, internalError)
+	expect(t, strings.Contains(logs.String(), `msg=panic requestId=trace-500 panic="secret detail"`),
+		"got log %s, want the panic with the request id", logs.String())
 }
