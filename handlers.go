@@ -280,8 +280,9 @@ func (s *server) write(w http.ResponseWriter, r *http.Request, who actor, body [
 	if err != nil {
 		a = renderError(err)
 	}
-	if a.Status >= 500 {
-		return err
+	if a.Status >= 500 { // a fault: nothing is kept, so a retry runs afresh
+		s.send(w, r, a, err)
+		return nil
 	}
 	if idempotent {
 		a.Fingerprint = fingerprint[:]

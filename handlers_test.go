@@ -316,6 +316,16 @@ func TestRateLimit(t *testing.T) {
 	e.do("GET", "/product-payment/get/x", spare, "").want(t, 404, "not_found")
 }
 
+// Ids made in one millisecond still grow, so a list is newest first however fast buttons come.
+func TestIDsOnlyGrow(t *testing.T) {
+	e, last := newTestServer(t), ""
+	for range 1000 {
+		id := e.store.newButtonID()
+		require(t, validButtonID(id) && id > last, "got %s after %s, want a greater, valid id", id, last)
+		last = id
+	}
+}
+
 // list pages newest first and filters; each query parameter is checked, and removed ones are refused.
 func TestList(t *testing.T) {
 	e := newTestServer(t)
