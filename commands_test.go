@@ -3,159 +3,176 @@ package main
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"database/sql"
 	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"regexp"
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
-	"time"
 )
 
-// The commands work beside a running server, which sees what they change at its next request.
-func TestBesideAServer(t *testing.T) {
+// Two servers on one file, one through a symlink, serve together: each reads what the other writes,
+// and of concurrent If-Match updates split across them one wins. The commands work beside them and the
+// servers see what they change. Variables meant for no command are never read.
+func TestBesideTwoServers(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	db, dest := dir+"/pay.db", dir+"/copy.db"
-	srv := startChild(t, db)
-	e := &testEnv{t: t, url: srv.url} // for e.do
-	minted := regexp.MustCompile(`paybuttons: no API key existed; created (key_\w+) for account ` +
-		`"default". It is shown once, here:\n(pbk_[\w-]{43})\n`).FindStringSubmatch(srv.output())
-	require(t, minted != nil, "no first key in the first start's output:\n%s", srv.output())
-	// keys create prints the key alone on stdout, and the server takes it at once.
+	first, second := startChild(t, db), (*child)(nil)
+	expect(t, strings.Contains(first.output(), "no API key exists: make one with `paybuttons keys create") &&
+		!strings.Contains(first.output(), "pbk_"), "a first start off a terminal: got\n%s\nwant no "+
+		"key, and how to make one", first.output())
+	if err := os.Symlink(db, dir+"/sym.db"); err != nil {
+		t.Logf("no symlink here (%v): the second server opens the file by its name", err)
+		second = startChild(t, db)
+	} else {
+		second = startChild(t, dir+"/sym.db")
+	}
+	env := map[string]string{"PAYBUTTONS_ACCOUNT": "env", "PAYBUTTONS_READ_ONLY": "1"} // keys read neither
+	// keys create prints the key alone on stdout, and the servers take it at once.
 	var secrets, ids [2]string // of acme: read-write, read-only
 	for i, args := range [][]string{{"-account", "acme"}, {"-account", "acme", "-read-only"}} {
-		stdout, stderr, err := runCLI(t, nil, append([]string{"keys", "create", "-db", db}, args...)...)
+		stdout, stderr, err := runCLI(t, env, append([]string{"keys", "create", "-db", db}, args...)...)
 		id := regexp.MustCompile(`^paybuttons: created (key_\w+) for account "acme"\n$`).FindStringSubmatch(
 			stderr)
 		require(t, err == nil && regexp.MustCompile(`^pbk_[\w-]{43}\n$`).MatchString(stdout) && id != nil,
 			"keys create %q: got %v, stdout %q, stderr %q; want the key alone", args, err, stdout, stderr)
 		secrets[i], ids[i] = strings.TrimSpace(stdout), id[1]
 	}
-	button := e.create(secrets[0], createBody(nil))
-	// keys list shows every field but the secret, in lines sorted by id (keys made in one millisecond
-	// come in any order); the last use once the server, which writes it after it answers, has.
-	lines := []string{minted[1] + "\tdefault\tread-write\tcreated @\tlast used never\trevoked never\n",
-		ids[0] + "\tacme\tread-write\tcreated @\tlast used @\trevoked never\n",
-		ids[1] + "\tacme\tread-only\tcreated @\tlast used never\trevoked never\n"}
+	e1, e2 := &testEnv{t: t, url: first.url}, &testEnv{t: t, url: second.url}
+	id := e1.create(secrets[0], createBody(nil))
+	e2.do("GET", "/product-payment/get/"+id, secrets[1], "").want(t, 200, "")
+	var wins atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 10 {
+		url := []string{e1.url, e2.url}[i%2]
+		wg.Go(func() {
+			r, err := callAPI(http.DefaultClient, "POST", url+"/product-payment/update/"+id, secrets[0],
+				fmt.Sprintf(`{"amount":"%d"}`, i+1), "If-Match", `"1"`)
+			if err == nil && r.status == 200 {
+				wins.Add(1)
+			} else if err != nil || r.status != 412 {
+				t.Errorf("%s: got %d %s (%v), want 200 or 412", r.request, r.status, r.raw, err)
+			}
+		})
+	}
+	wg.Wait()
+	r := e1.do("GET", "/product-payment/get/"+id, secrets[0], "")
+	expect(t, wins.Load() == 1 && r.header.Get("ETag") == `"2"`, "10 updates with If-Match: \"1\": got %d "+
+		"wins, then %v; want one, version 2", wins.Load(), r.header)
+	// keys list shows every field but the secret, a key a line (keys made in one millisecond come in any
+	// order).
+	lines := []string{ids[0] + "\tacme\tread-write\tcreated @\trevoked never\n",
+		ids[1] + "\tacme\tread-only\tcreated @\trevoked never\n"}
 	slices.Sort(lines)
-	at := `20[\d-]+T[\d:.]+Z`
-	want := regexp.MustCompile("^" + strings.ReplaceAll(strings.Join(lines, ""), "@", at) + "$")
-	var list string
-	listed := awaitTrue(func() bool {
-		out, _, _ := runCLI(t, nil, "keys", "list", "-db", db)
-		list = strings.Join(slices.Sorted(strings.Lines(out)), "")
-		return want.MatchString(list)
-	})
-	expect(t, listed, "keys list, sorted: got %q, want it to match %s", list, want)
-	// keys revoke: the server refuses the key at its next request; an unknown id is an error.
-	_, _, err := runCLI(t, nil, "keys", "revoke", "-db", db, ids[0])
+	want := "^" + strings.ReplaceAll(strings.Join(lines, ""), "@", `20[\d-]+T[\d:.]+Z`) + "$"
+	out, _, err := runCLI(t, env, "keys", "list", "-db", db)
+	list := strings.Join(slices.Sorted(strings.Lines(out)), "")
+	expect(t, err == nil && regexp.MustCompile(want).MatchString(list), "keys list, sorted: got %q (%v), "+
+		"want it to match %s", list, err, want)
+	// keys revoke: both servers refuse the key at its next request; an unknown id is an error.
+	_, _, err = runCLI(t, env, "keys", "revoke", "-db", db, ids[0])
 	require(t, err == nil, "keys revoke: %v", err)
-	e.do("GET", "/product-payment/get/"+button, secrets[0], "").want(t, 401, "unauthorized")
-	_, _, err = runCLI(t, nil, "keys", "revoke", "-db", db, "key_UNKNOWN")
+	e1.do("GET", "/product-payment/get/"+id, secrets[0], "").want(t, 401, "unauthorized")
+	e2.do("GET", "/product-payment/get/"+id, secrets[0], "").want(t, 401, "unauthorized")
+	_, _, err = runCLI(t, env, "keys", "revoke", "-db", db, "key_UNKNOWN")
 	expect(t, exitStatus(err) == 1, "keys revoke of an unknown id: got %v, want exit status 1", err)
 	// backup writes a copy that holds the button, and never writes over a file.
-	out, _, err := runCLI(t, nil, "backup", "-db", db, dest)
+	out, _, err = runCLI(t, env, "backup", "-db", db, dest)
 	expect(t, err == nil && strings.HasPrefix(out, "backup "), "backup: got %q (%v), want a copy", out, err)
 	copied, _ := os.ReadFile(dest)
-	_, _, err = runCLI(t, nil, "backup", "-db", db, dest)
+	_, _, err = runCLI(t, env, "backup", "-db", db, dest)
 	now, _ := os.ReadFile(dest)
 	expect(t, exitStatus(err) == 1 && bytes.Equal(now, copied), "backup over a file: got %v, want 1", err)
-	copyDB, _ := sql.Open("sqlite", sqliteURI(dest, "mode=ro"))
-	var name string
-	err = copyDB.QueryRow(`SELECT button->>'productName' FROM buttons WHERE id = ?`, button).Scan(&name)
-	copyDB.Close()
-	expect(t, err == nil && name == "Pro plan", "the copy's button: got %q (%v), want Pro plan", name, err)
+	expect(t, bytes.Contains(copied, []byte(`{"id":"`+id+`"`)) && bytes.Contains(copied, []byte(`"version":2`)),
+		"the copy does not hold %s at version 2", id)
 	// check says ok of the file and its copy, and finds the copy damaged.
 	for _, file := range []string{db, dest} {
-		out, _, err := runCLI(t, nil, "check", "-db", file)
+		out, _, err := runCLI(t, env, "check", "-db", file)
 		expect(t, err == nil && out == "ok\n", "check of %s: got %q (%v), want ok", file, out, err)
 	}
 	for i := 4096; i < 2*4096; i += 7 { // page 2, a table's root
 		copied[i] ^= 0x5a
 	}
 	os.WriteFile(dest, copied, 0o600)
-	_, _, err = runCLI(t, nil, "check", "-db", dest)
+	_, _, err = runCLI(t, env, "check", "-db", dest)
 	expect(t, exitStatus(err) == 1 && regexp.MustCompile(`damaged|malformed`).MatchString(fmt.Sprint(err)),
 		"check of a damaged copy: got %v, want exit status 1 naming the damage", err)
-	// A second server, by the file's name, a symlink or a hard link, is refused at once while the first
-	// serves on. It runs in this process: on 192.0.2.1, no address here, it could never serve.
-	secondServer := func(name, says string) {
-		start := time.Now()
-		_, _, err := runCLI(t, nil, "serve", "-db", name, "-addr", "192.0.2.1:1")
-		took := time.Since(start)
-		expect(t, exitStatus(err) == 1 && strings.Contains(fmt.Sprint(err), says) && took < 5*time.Second,
-			"serve on %s: got %v after %v, want exit status 1 at once saying %q", name, err, took, says)
-		e.do("GET", "/healthz", "", "").want(t, 200, "")
-	}
-	secondServer(db, "is in use by another server")
-	if err := os.Symlink(db, dir+"/sym.db"); err != nil {
-		t.Logf("no symlink here (%v): that case is left out", err)
-	} else {
-		secondServer(dir+"/sym.db", "is in use by another server")
-	}
 	if err := os.Link(db, dir+"/hard.db"); err != nil || runtime.GOOS == "windows" { // no link count there
 		t.Logf("no hard link counted here (%v): that case is left out", err)
 	} else {
-		secondServer(dir+"/hard.db", "has 2 hard links")
+		_, _, err := runCLI(t, env, "serve", "-db", dir+"/hard.db", "-addr", "127.0.0.1:0")
+		expect(t, exitStatus(err) == 1 && strings.Contains(fmt.Sprint(err), "has 2 hard links"),
+			"serve on a file with two hard links: got %v, want exit status 1 naming them", err)
 	}
 }
 
-// Command-line mistakes exit 2 and unusable files 1, in one line, changing no file; flags beat variables.
+// Command-line mistakes exit 2 and unusable files 1, in one line, and leave no file behind.
 func TestCommandLineRefusals(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	never, busy, foreign, garbage := dir+"/never.db", dir+"/busy.db", dir+"/foreign.db", dir+"/not.db"
+	never, foreign, garbage := dir+"/never.db", dir+"/foreign.db", dir+"/not.db"
 	other, _ := sql.Open("sqlite", foreign)
 	_, err := other.Exec(`CREATE TABLE notes (body TEXT); INSERT INTO notes VALUES ('mine')`)
 	other.Close()
 	err2 := os.WriteFile(garbage, bytes.Repeat([]byte("not sqlite "), 1000), 0o600)
-	require(t, cmp.Or(err, err2) == nil, "%v", cmp.Or(err, err2))
+	busy, err3 := net.Listen("tcp", "127.0.0.1:0")
+	require(t, cmp.Or(err, err2, err3) == nil, "%v", cmp.Or(err, err2, err3))
+	defer busy.Close()
 	before, _ := os.ReadFile(foreign)
-	// 192.0.2.1 is no address of this machine: a serve that wrongly started would fail, never serve.
 	serve := func(args ...string) []string {
-		return append([]string{"serve", "-addr", "192.0.2.1:1", "-db"}, args...)
+		return append([]string{"serve", "-addr", "127.0.0.1:0", "-db"}, args...)
 	}
 	for _, c := range []struct {
 		status int
-		rate   string // PAYBUTTONS_RATE
+		env    string // PAYBUTTONS_LOG_FORMAT
 		says   string // in the error
 		args   []string
 	}{
 		{2, "", "frobnicate", []string{"frobnicate"}},
-		{2, "", "-metrics", serve(never, "-metrics")},             // removed
-		{2, "", "-max-conns", serve(never, "-max-conns", "9")},    // removed
-		{2, "", "-log-level", serve(never, "-log-level", "warn")}, // removed
+		{2, "", "keys create, keys list or keys revoke", []string{"keys"}},
+		{2, "", "-rate", serve(never, "-rate", "5")},           // removed
+		{2, "", "-burst", serve(never, "-burst", "5")},         // removed
+		{2, "", "-metrics", serve(never, "-metrics")},          // removed
+		{2, "", "-max-conns", serve(never, "-max-conns", "9")}, // removed
 		{2, "", "-addr", serve(never, "-addr", ":99999")},
-		{2, "", "-rate", serve(never, "-rate", "NaN")},
-		{2, "", "-burst", serve(never, "-burst", "0")},
 		{2, "", "-tls-key", serve(never, "-tls-cert", "c.pem")},
+		{2, "xml", "-log-format", serve(never)},
 		{2, "", "-account", []string{"keys", "create", "-db", never}},
-		{2, "fast", "PAYBUTTONS_RATE", serve(never)},
-		{1, "1e-9", "192.0.2.1:1", serve(busy, "-rate", "5")}, // the flag beats the variable
+		{2, "", "takes 1 argument", []string{"keys", "revoke", "-db", never}},
+		{1, "xml", "address already in use", serve(never, "-log-format", "json", "-addr", busy.Addr().String())},
 		{1, "", "not a paybuttons database", serve(foreign)},
 		{1, "", "not a database", serve(garbage)},
 		{1, "", "does not exist", serve(dir + "/none/x.db")},
+		{1, "", "no database at", []string{"keys", "list", "-db", never}},
+		{1, "", "no database at", []string{"keys", "revoke", "-db", never, "key_X"}},
+		{1, "", "no database at", []string{"check", "-db", never}},
+		{1, "", `directory "` + dir + `/none" does not exist`, []string{"backup", "-db", never, dir + "/none/c.db"}},
 	} {
-		_, stderr, err := runCLI(t, map[string]string{"PAYBUTTONS_RATE": c.rate}, c.args...)
+		_, stderr, err := runCLI(t, map[string]string{"PAYBUTTONS_LOG_FORMAT": c.env}, c.args...)
 		expect(t, exitStatus(err) == c.status && strings.Contains(fmt.Sprint(err), c.says),
 			"%q: got %v, want exit status %d saying %q", c.args, err, c.status, c.says)
 		expect(t, stderr == "" && !strings.Contains(fmt.Sprint(err), "\n"),
 			"%q: got %q, then stderr %q; want one line, nothing else", c.args, err, stderr)
 	}
-	_, err = os.Stat(never)
-	expect(t, err != nil, "got %s made by refused commands", never)
+	files, _ := os.ReadDir(dir)
+	expect(t, len(files) == 2, "got %v after refused commands, want only the two files made here", files)
 	after, _ := os.ReadFile(foreign)
 	expect(t, bytes.Equal(before, after), "got %s changed by a refused serve", foreign)
-	list, _, err := runCLI(t, nil, "keys", "list", "-db", busy)
-	expect(t, list == "" && err == nil, "got keys %q (%v) after failed starts, want none minted", list, err)
 }
 
 // Two commands making a new file at once both succeed: the schema is made once, under the lock.
 func TestFirstOpensAtOnce(t *testing.T) {
+	t.Parallel()
 	for round := range 3 {
 		db, errs := fmt.Sprint(t.TempDir(), "/new", round, ".db"), make(chan error, 2)
 		create := []string{"keys", "create", "-account", "a", "-db", db}
@@ -169,27 +186,61 @@ func TestFirstOpensAtOnce(t *testing.T) {
 	}
 }
 
-// A file this process cannot write is refused at start, not at its first write.
-func TestUnwritableFileIsRefused(t *testing.T) {
+// serve mints a first key only when its stderr is a terminal (to the standard library, a character
+// device): a secret never goes to a log. Elsewhere it says how to make one.
+func TestFirstKey(t *testing.T) {
+	st, err := openStore(t.TempDir()+"/new.db", true)
+	require(t, err == nil, "%v", err)
+	defer st.close()
+	var logs bytes.Buffer
+	ctx, log := context.Background(), slog.New(slog.NewTextHandler(&logs, nil))
+	err = firstKey(ctx, st, &logs, log)
+	keys, _ := listKeys(ctx, st.reader)
+	expect(t, err == nil && len(keys) == 0 && strings.Contains(logs.String(), "keys create -account NAME"),
+		"off a terminal: got %v, keys %v, log %q; want no key, and how to make one", err, keys, logs.String())
+	tty, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	require(t, err == nil && isTerminal(tty), "%s is no character device here (%v)", os.DevNull, err)
+	defer tty.Close()
+	for range 2 { // one key, once
+		err = firstKey(ctx, st, tty, log)
+		keys, _ = listKeys(ctx, st.reader)
+		expect(t, err == nil && len(keys) == 1 && keys[0].Account == "default" && !keys[0].ReadOnly,
+			"on a terminal: got %v, keys %v; want one read-write key for default", err, keys)
+	}
+}
+
+// A file this process cannot write is refused by serve at start, and read by keys list and check.
+func TestReadOnlyFile(t *testing.T) {
+	t.Parallel()
 	dir, err := os.MkdirTemp("", "paybuttons") // not t.TempDir: its parents admit no other user
 	require(t, err == nil, "%v", err)
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	db := dir + "/ro.db"
 	_, _, err = runCLI(t, nil, "keys", "create", "-account", "a", "-db", db)
 	require(t, err == nil && os.Chmod(db, 0o444) == nil && os.Chmod(dir, 0o777) == nil, "%v", err)
-	cmd := childCommand("serve", "-addr", "192.0.2.1:1", "-db", db)
-	if os.Geteuid() == 0 { // root writes any file: the server runs as nobody
-		runuser, err := exec.LookPath("runuser")
-		if err != nil || runtime.GOOS != "linux" {
-			t.Skip("running as root without runuser: no user to run the server as")
-		}
-		binary, err := os.ReadFile(os.Args[0]) // in a folder nobody may read
-		require(t, err == nil && os.WriteFile(dir+"/test", binary, 0o755) == nil, "%v", err)
-		cmd.Args[0] = dir + "/test"
-		cmd = exec.Command(runuser, append([]string{"-u", "nobody", "--"}, cmd.Args...)...)
-		cmd.Env = childCommand().Env
+	binary, err := os.ReadFile(os.Args[0]) // in a folder any user may read
+	require(t, err == nil && os.WriteFile(dir+"/test", binary, 0o755) == nil, "%v", err)
+	runuser, err := exec.LookPath("runuser")
+	if os.Geteuid() == 0 && (err != nil || runtime.GOOS != "linux") {
+		t.Skip("running as root without runuser: no user to run the commands as")
 	}
-	out, _ := cmd.CombinedOutput()
-	expect(t, cmd.ProcessState.ExitCode() == 1 && strings.Contains(string(out), "readonly"),
-		"serve on a read-only file: got exit %d, %s; want 1, naming it", cmd.ProcessState.ExitCode(), out)
+	for _, c := range []struct {
+		status int
+		says   string
+		args   []string
+	}{
+		{1, "readonly", []string{"serve", "-addr", "127.0.0.1:0", "-db", db}},
+		{0, "\ta\tread-write\t", []string{"keys", "list", "-db", db}},
+		{0, "ok\n", []string{"check", "-db", db}},
+	} {
+		cmd := childCommand(c.args...)
+		cmd.Path, cmd.Args[0] = dir+"/test", dir+"/test"
+		if os.Geteuid() == 0 { // root writes any file: the command runs as nobody
+			cmd.Path, cmd.Args = runuser, append([]string{runuser, "-u", "nobody", "--"}, cmd.Args...)
+		}
+		out, _ := cmd.CombinedOutput()
+		expect(t, cmd.ProcessState.ExitCode() == c.status && strings.Contains(string(out), c.says),
+			"%q on a read-only file: got exit %d, %s; want %d, saying %q", c.args, cmd.ProcessState.ExitCode(),
+			out, c.status, c.says)
+	}
 }

@@ -2,56 +2,54 @@ package main
 
 import (
 	"bytes"
-	"cmp"
 	"context"
-	"crypto/sha256"
 	_ "embed"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
-	"math"
 	mathrand "math/rand/v2"
 	"net/http"
 	"path"
 	"runtime/debug"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 )
 
-// config is what the command line decides about the API.
-type config struct {
-	providerName string  // the paymentMethod of the service's own processor
-	rate         float64 // requests a second per key; 0 for no limit
-	burst        int
+// statusOf is the HTTP status each error code is sent with.
+var statusOf = map[string]int{
+	codeInvalid: 400, codeUnauthorized: 401, codeForbidden: 403, codeNotFound: 404,
+	codeMethodNotAllowed: 405, codeWrongState: 409, codePrecondition: 412, codeTooLarge: 413,
+	codeMediaType: 415, codeInternal: 500, codeUnavailable: 503,
 }
+
+// openAPIDocument describes the API, for the default -provider-name.
+//
+//go:embed openapi.json
+var openAPIDocument []byte
 
 // server is the HTTP API. It holds no package-level state.
 type server struct {
 	store        *store
 	log          *slog.Logger
-	providerName string
-	limiter      *rateLimiter
-	inFlight     sync.Map // account and Idempotency-Key of every write running
+	providerName string // the paymentMethod of the service's own processor
+	document     []byte // openAPIDocument, naming providerName
 }
 
-// keyedHandler handles a request whose API key has been admitted, for the key's account; an error
-// it returns is the answer.
-type keyedHandler func(w http.ResponseWriter, r *http.Request, who actor) error
-
-// openAPIDocument describes the API; it is served as it is.
-//
-//go:embed openapi.json
-var openAPIDocument []byte
+// reply is what a handler answers when it succeeds: the envelope's data and message, and the
+// button's version as the ETag (0 for none).
+type reply struct {
+	data    any
+	message string
+	version int64
+}
 
 // newServer returns the whole API. Every answer but the OpenAPI document is the JSON envelope, the
 // mux's own 404 and 405 included.
-func newServer(st *store, log *slog.Logger, cfg config) http.Handler {
-	limiter := &rateLimiter{rate: cfg.rate, burst: float64(cfg.burst)}
-	limiter.buckets = map[string]*bucket{}
-	s := &server{store: st, log: log, providerName: cfg.providerName, limiter: limiter}
+func newServer(st *store, log *slog.Logger, providerName string) http.Handler {
+	name, _ := json.Marshal(providerName)
+	s := &server{store: st, log: log, providerName: providerName,
+		document: bytes.ReplaceAll(openAPIDocument, []byte(`"the service"`), name)}
 	mux := http.NewServeMux()
 	// route serves method on path. The path alone, a pattern the mux tries after it, answers every
 	// other method: a 405 in the envelope, where the mux's own would be plain text.
@@ -60,23 +58,22 @@ func newServer(st *store, log *slog.Logger, cfg config) http.Handler {
 		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
 			allowed := strings.Replace(method, "GET", "GET, HEAD", 1)
 			w.Header().Set("Allow", allowed)
-			s.writeError(w, r, &apiError{code: codeMethodNotAllowed,
+			s.send(w, r, reply{}, &apiError{code: codeMethodNotAllowed,
 				message: "method " + r.Method + " is not allowed here; allowed: " + allowed})
 		})
 	}
-	route("POST", "/product-payment/create", s.keyed(true, s.handleCreate))
-	route("GET", "/product-payment/get/{id}", s.keyed(false, s.handleGet))
-	route("GET", "/product-payment/list", s.keyed(false, s.handleList))
-	route("GET", "/product-payment/history/{id}", s.keyed(false, s.handleHistory))
-	route("POST", "/product-payment/update/{id}", s.keyed(true, s.handleUpdate))
-	route("DELETE", "/product-payment/delete/{id}", s.keyed(true, s.handleStateChange("delete")))
-	route("POST", "/product-payment/restore/{id}", s.keyed(true, s.handleStateChange("restore")))
+	route("POST", "/product-payment/create", s.withKey(true, s.handleCreate))
+	route("GET", "/product-payment/get/{id}", s.withKey(false, s.handleGet))
+	route("GET", "/product-payment/list", s.withKey(false, s.handleList))
+	route("POST", "/product-payment/update/{id}", s.withKey(true, s.handleUpdate))
+	route("DELETE", "/product-payment/delete/{id}", s.withKey(true, s.handleDelete))
+	route("POST", "/product-payment/restore/{id}", s.withKey(true, s.handleRestore))
 	route("GET", "/healthz", s.handleHealth)
 	route("GET", "/openapi.json", func(w http.ResponseWriter, _ *http.Request) {
-		w.Write(openAPIDocument)
+		w.Write(s.document)
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		s.writeError(w, r, errNoPath)
+		s.send(w, r, reply{}, errNoPath)
 	})
 	return s.withBasics(mux)
 }
@@ -85,219 +82,134 @@ var errNoPath = &apiError{code: codeNotFound, message: "no such path"}
 
 // --- handlers, one per operation ---
 
-func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-	defer cancel()
-	if err := s.store.ping(ctx); err != nil {
-		s.writeError(w, r, &apiError{code: codeUnavailable, message: "the database does not answer",
-			cause: err})
-		return
+func (s *server) handleCreate(r *http.Request, key apiKey) (reply, error) {
+	body, err := readBody(r)
+	if err != nil {
+		return reply{}, err
 	}
-	s.send(w, r, render(200, envelope{IsSuccess: true, Data: "ok", Message: "the database answers"},
-		0), nil)
+	b, err := decodeCreate(body, s.providerName)
+	if err != nil {
+		return reply{}, err
+	}
+	b, err = s.store.create(r.Context(), key.Account, b)
+	return reply{b.ID, "created", b.Version}, err
 }
 
-func (s *server) handleCreate(w http.ResponseWriter, r *http.Request, who actor) error {
-	body, err := readBody(w, r)
+func (s *server) handleGet(r *http.Request, key apiKey) (reply, error) {
+	b, err := s.store.get(r.Context(), key.Account, r.PathValue("id"))
+	return reply{b, "ok", b.Version}, err
+}
+
+func (s *server) handleList(r *http.Request, key apiKey) (reply, error) {
+	q, err := decodeListQuery(r.URL.RawQuery, s.providerName)
 	if err != nil {
-		return err
+		return reply{}, err
 	}
-	b, refusal := decodeCreate(body, s.providerName)
-	return s.write(w, r, who, body, "created", refusal, func(tx writeTx) (button, bool, error) {
-		b, err := tx.create(who, b)
-		return b, true, err
+	buttons, more, err := s.store.list(r.Context(), key.Account, q)
+	page := map[string]any{"items": buttons, "hasMore": more, "next": nil}
+	if more { // the cursor that asks for the next page
+		page["next"] = buttons[len(buttons)-1].ID
+	}
+	return reply{data: page, message: "ok"}, err
+}
+
+func (s *server) handleUpdate(r *http.Request, key apiKey) (reply, error) {
+	body, err := readBody(r)
+	if err != nil {
+		return reply{}, err
+	}
+	update, err := decodeUpdate(body)
+	if err != nil {
+		return reply{}, err
+	}
+	return s.change(r, key, "updated", func(b *button) error {
+		if b.State == "deleted" {
+			return &apiError{code: codeWrongState, message: "button is deleted; restore it first"}
+		}
+		return update.apply(b)
 	})
 }
 
-func (s *server) handleGet(w http.ResponseWriter, r *http.Request, who actor) error {
-	b, err := s.store.get(r.Context(), who.Account, r.PathValue("id"))
-	if err != nil {
-		return err
-	}
-	s.writeData(w, r, b, b.Version)
-	return nil
-}
-
-func (s *server) handleList(w http.ResponseWriter, r *http.Request, who actor) error {
-	q, err := decodeListQuery(r.URL.RawQuery, s.providerName)
-	if err != nil {
-		return err
-	}
-	buttons, more, err := s.store.list(r.Context(), who.Account, q)
-	if err != nil {
-		return err
-	}
-	last := ""
-	if len(buttons) > 0 {
-		last = buttons[len(buttons)-1].ID
-	}
-	s.writeData(w, r, pageOf(buttons, more, last), 0)
-	return nil
-}
-
-// pageOf is the data of an answer that lists: the items, whether more follow, and the cursor that
-// asks for them.
-func pageOf[T any](items []T, more bool, next any) map[string]any {
-	if !more {
-		next = nil
-	}
-	return map[string]any{"items": items, "hasMore": more, "next": next}
-}
-
-func (s *server) handleHistory(w http.ResponseWriter, r *http.Request, who actor) error {
-	limit, after, err := decodeHistoryQuery(r.URL.RawQuery)
-	if err != nil {
-		return err
-	}
-	entries, more, err := s.store.history(r.Context(), who.Account, r.PathValue("id"), after, limit)
-	if err != nil {
-		return err
-	}
-	items := []map[string]any{}
-	for _, e := range entries {
-		items = append(items, map[string]any{"version": e.Version, "at": e.After.UpdatedAt,
-			"action": e.Action, "keyId": e.KeyID, "requestId": e.RequestID,
-			"changes": changes(e.Before, e.After)})
-		after = e.Version
-	}
-	s.writeData(w, r, pageOf(items, more, after), 0)
-	return nil
-}
-
-// changes lists what a change did to the fields get shows, each metadata key on its own
-// ("metadata.orderRef"), as {"from", "to"}; from before a create (no button), every field it set.
-func changes(before, after button) map[string]any {
-	was, is := auditedFields(before), auditedFields(after)
-	changed := map[string]any{}
-	for _, fields := range []map[string]any{was, is} { // a metadata key may come or go
-		for name := range fields {
-			if was[name] != is[name] {
-				changed[name] = map[string]any{"from": was[name], "to": is[name]}
-			}
+func (s *server) handleDelete(r *http.Request, key apiKey) (reply, error) {
+	return s.change(r, key, "deleted", func(b *button) error {
+		if b.State == "deleted" {
+			return &apiError{code: codeWrongState, message: "button is already deleted"}
 		}
-	}
-	return changed
+		b.State, b.DeletedAt = "deleted", orNil(now())
+		return nil
+	})
 }
 
-// auditedFields are the fields of b that history reports changes of.
-func auditedFields(b button) map[string]any {
-	fields := map[string]any{}
-	if b.ID == "" {
-		return fields
-	}
-	text, _ := json.Marshal(b)
-	json.Unmarshal(text, &fields)
-	for _, name := range []string{"id", "metadata", "version", "createdAt", "updatedAt",
-		"deletedAt"} {
-		delete(fields, name)
-	}
-	for key, value := range b.Metadata {
-		fields["metadata."+key] = value
-	}
-	return fields
+func (s *server) handleRestore(r *http.Request, key apiKey) (reply, error) {
+	return s.change(r, key, "restored", func(b *button) error {
+		if b.State == "active" {
+			return &apiError{code: codeWrongState, message: "button is not deleted"}
+		}
+		b.State, b.DeletedAt = "active", nil
+		return nil
+	})
 }
 
-func (s *server) handleUpdate(w http.ResponseWriter, r *http.Request, who actor) error {
-	body, err := readBody(w, r)
+// change lets edit change the button the path names, if it still has the version If-Match names,
+// and answers message, or "unchanged" when edit changed nothing.
+func (s *server) change(r *http.Request, key apiKey, message string,
+	edit func(*button) error) (reply, error) {
+	ifMatch, err := parseIfMatch(r.Header.Get("If-Match"))
 	if err != nil {
-		return err
+		return reply{}, err
 	}
-	ifMatch, refusal := parseIfMatch(r.Header.Get("If-Match"))
-	update, err := decodeUpdate(body)
-	// change runs only when nothing was refused, and so update is set.
-	change := func(tx writeTx) (button, bool, error) {
-		return tx.change(who, r.PathValue("id"), ifMatch, "update", update.edit)
-	}
-	return s.write(w, r, who, body, "updated", cmp.Or(refusal, err), change)
-}
-
-// handleStateChange handles delete and restore, whose only input but the id is If-Match: a body is
-// ignored.
-func (s *server) handleStateChange(action string) keyedHandler {
-	return func(w http.ResponseWriter, r *http.Request, who actor) error {
-		ifMatch, refusal := parseIfMatch(r.Header.Get("If-Match"))
-		return s.write(w, r, who, nil, action+"d", refusal, func(tx writeTx) (button, bool, error) {
-			return tx.change(who, r.PathValue("id"), ifMatch, action, nil)
-		})
-	}
-}
-
-// write answers a write request: with refusal when it broke a rule before its change could run,
-// else with what change did in a transaction of its own: message, or "unchanged" when it changed
-// nothing.
-//
-// With an Idempotency-Key the answer is kept in the same transaction as the change (a crash keeps
-// both or neither), and a repeat of the same request (method, path, query, If-Match and body) gets
-// it again, byte for byte. The key with another request is a 422, and while the first request runs,
-// a 409. A 5xx is never kept: a retry runs afresh.
-func (s *server) write(w http.ResponseWriter, r *http.Request, who actor, body []byte,
-	message string, refusal error, change func(writeTx) (button, bool, error)) error {
-	keys, idempotent := r.Header["Idempotency-Key"]
-	var fingerprint [sha256.Size]byte
-	if idempotent {
-		if len(keys) > 1 || len(keys[0]) < 1 || len(keys[0]) > 255 ||
-			strings.ContainsFunc(keys[0], func(c rune) bool { return c < ' ' || c > '~' }) {
-			return invalid(map[string]string{
-				"Idempotency-Key": "must be 1 to 255 printable ASCII characters, sent once"})
-		}
-		slot := who.Account + "\x00" + keys[0]
-		if _, running := s.inFlight.LoadOrStore(slot, true); running {
-			return &apiError{code: codeInFlight,
-				message: "a request with this Idempotency-Key is still running; retry shortly"}
-		}
-		defer s.inFlight.Delete(slot)
-		fingerprint = sha256.Sum256(fmt.Appendf(nil, "%s %s?%s\n%s\n%s", r.Method,
-			r.URL.EscapedPath(), r.URL.RawQuery, r.Header.Get("If-Match"), body))
-		// Looked up once claimed: a first request that held the claim has committed its answer.
-		kept, err := s.store.findAnswer(r.Context(), who.Account, keys[0])
-		if err == nil && !bytes.Equal(kept.Fingerprint, fingerprint[:]) {
-			return &apiError{code: codeMismatch,
-				message: "this Idempotency-Key was used with a different request; use a new key"}
-		} else if err == nil {
-			w.Header().Set("Idempotent-Replayed", "true")
-			s.send(w, r, kept, nil)
-			return nil
-		} else if err != errNotFound {
-			return err
-		}
-	} else if refusal != nil {
-		return refusal
-	}
-
-	tx, err := s.store.begin(r.Context())
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback()
-	b, changed, err := button{}, false, refusal
-	if refusal == nil {
-		b, changed, err = change(tx)
-	}
-	if err == nil && !changed {
+	b, changed, err := s.store.change(r.Context(), key.Account, r.PathValue("id"), ifMatch, edit)
+	if !changed {
 		message = "unchanged"
 	}
-	a := render(200, envelope{IsSuccess: true, Data: b.ID, Message: message}, b.Version)
-	if err != nil {
-		a = renderError(err)
-	}
-	if a.Status >= 500 { // a fault: nothing is kept, so a retry runs afresh
-		s.send(w, r, a, err)
-		return nil
-	}
-	if idempotent {
-		a.Fingerprint = fingerprint[:]
-		if err := tx.keepAnswer(who.Account, keys[0], a); err != nil {
-			return err
-		}
-	}
-	if err := tx.Commit(); err != nil {
-		return err
-	}
-	s.send(w, r, a, nil)
-	return nil
+	return reply{b.ID, message, b.Version}, err
 }
 
-// --- the envelope ---
+func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	err := s.store.ping(ctx)
+	if err != nil {
+		err = &apiError{code: codeUnavailable, message: "the database does not answer", cause: err}
+	}
+	s.send(w, r, reply{"ok", "the database answers", 0}, err)
+}
+
+// --- what every request goes through ---
+
+// withKey answers with h once admit has admitted the request's key, for the key's account.
+func (s *server) withKey(write bool, h func(*http.Request, apiKey) (reply, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		key, err := s.admit(w, r, write)
+		if err != nil {
+			s.send(w, r, reply{}, err)
+			return
+		}
+		rep, err := h(r, key)
+		s.send(w, r, rep, err)
+	}
+}
+
+// admit returns the request's live key, before anything else is read: 401 for a missing, unknown
+// or revoked key, 403 for a read-only key on a write. A write that carries Idempotency-Key is
+// refused, so that no client believes a retry of it is safe.
+func (s *server) admit(w http.ResponseWriter, r *http.Request, write bool) (apiKey, error) {
+	secret := r.Header.Get("X-API-KEY")
+	if secret == "" {
+		return apiKey{}, &apiError{code: codeUnauthorized, message: "X-API-KEY is required"}
+	}
+	key, err := s.store.authenticate(r.Context(), secret)
+	if log, ok := w.(*accessLog); ok {
+		log.keyID = key.ID
+	}
+	if err == nil && write && key.ReadOnly {
+		err = &apiError{code: codeForbidden, message: "this API key is read-only"}
+	} else if err == nil && write && r.Header["Idempotency-Key"] != nil {
+		err = invalid(map[string]string{"Idempotency-Key": "is not supported: after a lost " +
+			"answer, list the newest buttons before sending a create again"})
+	}
+	return key, err
+}
 
 // envelope is every response body.
 type envelope struct {
@@ -312,125 +224,36 @@ type envelope struct {
 var internalError = []byte(
 	`{"isSuccess":false,"data":"","message":"internal error","code":"internal"}`)
 
-// render encodes env, to be sent with status and version as its ETag (none for 0); should that
-// fail, it is a 500.
-func render(status int, env envelope, version int64) answer {
-	body, err := json.Marshal(env)
-	if err != nil {
-		return answer{Status: 500, Body: internalError}
-	}
-	return answer{Status: status, Body: body, Version: version}
-}
-
-// renderError renders err with the status of its code. An error that is not an *apiError is a fault
-// (see fault).
-func renderError(err error) answer {
+// send is the one way an answer goes out: rep in the envelope, or err's code and message. An
+// error that is not an *apiError is a fault: a 500 that logs its cause, which the client never
+// sees. A client that hung up is no fault: its answer is logged as 499, as nginx does.
+func (s *server) send(w http.ResponseWriter, r *http.Request, rep reply, err error) {
 	var e *apiError
-	if !errors.As(err, &e) {
-		e = fault(err)
+	if err != nil && !errors.As(err, &e) {
+		e = &apiError{code: codeInternal, message: "internal error", cause: err}
 	}
-	env := envelope{Data: "", Message: e.message, Code: e.code.name, Errors: e.fields}
-	return render(e.code.status, env, 0)
-}
-
-func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
-	s.send(w, r, renderError(err), err)
-}
-
-func (s *server) writeData(w http.ResponseWriter, r *http.Request, data any, version int64) {
-	s.send(w, r, render(200, envelope{IsSuccess: true, Data: data, Message: "ok"}, version), nil)
-}
-
-// send writes a rendered answer to err, or to no error. A 429 or 503 says when to retry; a 5xx is
-// logged with its cause, which the client never sees.
-func (s *server) send(w http.ResponseWriter, r *http.Request, a answer, err error) {
-	if a.Version > 0 {
-		w.Header().Set("ETag", `"`+strconv.FormatInt(a.Version, 10)+`"`)
+	status, body := 200, []byte(nil)
+	if e == nil {
+		body, _ = json.Marshal(envelope{IsSuccess: true, Data: rep.data, Message: rep.message})
+	} else {
+		status = statusOf[e.code]
+		body, _ = json.Marshal(envelope{Data: "", Message: e.message, Code: e.code,
+			Errors: e.fields})
 	}
-	e := (*apiError)(nil)
-	if errors.As(err, &e) && e.code == codeRateLimited {
-		seconds := math.Ceil(e.retry.Seconds()) // whole seconds, at least 1
-		w.Header().Set("Retry-After", strconv.Itoa(int(seconds)))
-	} else if a.Status == 503 {
+	if rep.version > 0 && e == nil {
+		w.Header().Set("ETag", `"`+strconv.FormatInt(rep.version, 10)+`"`)
+	}
+	if status == 503 {
 		w.Header().Set("Retry-After", "1")
 	}
-	if a.Status >= 500 {
-		if e != nil && e.cause != nil {
-			err = e.cause
-		}
-		s.log.Error("request failed", "requestId", r.Header.Get("X-Request-Id"), "status", a.Status,
-			"err", err)
+	if e != nil && r.Context().Err() != nil {
+		status = 499
+	} else if status >= 500 {
+		s.log.Error("request failed", "requestId", r.Header.Get("X-Request-Id"), "status", status,
+			"err", e.cause)
 	}
-	w.WriteHeader(a.Status)
-	w.Write(a.Body)
-}
-
-// --- keys, limits, and what every request goes through ---
-
-// keyed runs h once the request's X-API-KEY is admitted, before any body is read: 401 for a
-// missing, unknown or revoked key, 403 for a read-only key on a write, 429 for a key over its rate
-// limit.
-func (s *server) keyed(write bool, h keyedHandler) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		secret := r.Header.Get("X-API-KEY")
-		if secret == "" {
-			s.writeError(w, r, &apiError{code: codeUnauthorized, message: "X-API-KEY is required"})
-			return
-		}
-		key, err := s.store.authenticate(r.Context(), secret)
-		if err != nil {
-			s.writeError(w, r, err)
-			return
-		}
-		if rec, ok := w.(*statusRecorder); ok {
-			rec.keyID = key.ID // for the access log
-		}
-		if write && key.ReadOnly {
-			err = &apiError{code: codeForbidden, message: "this API key is read-only"}
-		} else if wait := s.limiter.wait(key.ID, time.Now()); wait > 0 {
-			err = &apiError{code: codeRateLimited, retry: wait,
-				message: "too many requests for this API key; retry later"}
-		} else {
-			err = h(w, r, actor{key.Account, key.ID, r.Header.Get("X-Request-Id")})
-		}
-		if err != nil {
-			s.writeError(w, r, err)
-		}
-	}
-}
-
-// rateLimiter is a token bucket per API key: rate tokens a second, up to burst. A rate of 0 turns
-// it off.
-type rateLimiter struct {
-	rate, burst float64
-	mu          sync.Mutex
-	buckets     map[string]*bucket // by key id: as many as there are keys
-}
-
-type bucket struct {
-	tokens float64
-	at     time.Time // when tokens was counted
-}
-
-// wait takes a token from key's bucket and returns 0 or, when it is empty, how long until it holds
-// one.
-func (l *rateLimiter) wait(key string, t time.Time) time.Duration {
-	if l.rate == 0 {
-		return 0
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	b := l.buckets[key]
-	if b == nil {
-		b = &bucket{tokens: l.burst, at: t}
-		l.buckets[key] = b
-	}
-	b.tokens, b.at = min(l.burst, b.tokens+t.Sub(b.at).Seconds()*l.rate), t
-	if b.tokens < 1 {
-		return time.Duration((1 - b.tokens) / l.rate * float64(time.Second))
-	}
-	b.tokens--
-	return 0
+	w.WriteHeader(status)
+	w.Write(body)
 }
 
 // withBasics sets the headers of every answer and gives the request its id: the caller's
@@ -449,35 +272,38 @@ func (s *server) withBasics(next http.Handler) http.Handler {
 		h.Set("Cache-Control", "no-store")
 		h.Set("X-Content-Type-Options", "nosniff")
 		h.Set("X-Request-Id", id)
-		rec := &statusRecorder{ResponseWriter: w, status: 200}
+		log := &accessLog{ResponseWriter: w, status: 200}
 		defer func() {
 			if v := recover(); v != nil {
 				if v == http.ErrAbortHandler {
 					panic(v)
 				}
 				s.log.Error("panic", "requestId", id, "panic", v, "stack", string(debug.Stack()))
-				rec.WriteHeader(500)
-				rec.Write(internalError)
+				log.WriteHeader(500)
+				log.Write(internalError)
 			}
-			s.log.Info("request", "method", r.Method, "route", r.Pattern, "status", rec.status,
-				"duration", time.Since(start), "requestId", id, "keyId", rec.keyID)
+			// The mux has set r.Pattern and the path's id on r.
+			s.log.Info("request", "method", r.Method, "route", r.Pattern, "status", log.status,
+				"duration", time.Since(start), "requestId", id, "keyId", log.keyID,
+				"buttonId", r.PathValue("id"))
 		}()
 		if !strings.HasPrefix(r.URL.Path, "/") || path.Clean(r.URL.Path) != r.URL.Path {
-			s.writeError(rec, r, errNoPath)
+			s.send(log, r, reply{}, errNoPath)
 		} else {
-			next.ServeHTTP(rec, r)
+			next.ServeHTTP(log, r)
 		}
 	})
 }
 
-// statusRecorder notes for the access log a response's status, and the key that asked for it.
-type statusRecorder struct {
+// accessLog notes for the log line of a request the status it was answered with, and the id of
+// the key that asked (withKey sets it).
+type accessLog struct {
 	http.ResponseWriter
 	status int
 	keyID  string
 }
 
-func (w *statusRecorder) WriteHeader(status int) {
+func (w *accessLog) WriteHeader(status int) {
 	w.status = status
 	w.ResponseWriter.WriteHeader(status)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,8 +15,10 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -24,30 +27,31 @@ import (
 type testEnv struct {
 	t          testing.TB
 	url, db    string
+	log        string // the server's log file
 	store      *store
 	key, keyID string // of account acme
 	otherKey   string // of account other
 }
 
-// newTestServer serves a new database file until the test ends; change edits the config (no rate limit).
-func newTestServer(t testing.TB, change ...func(*config)) *testEnv {
+// newTestServer serves a new database file until the test ends.
+func newTestServer(t testing.TB) *testEnv {
 	t.Helper()
-	e := &testEnv{t: t, db: filepath.Join(t.TempDir(), "test.db")}
-	st, err := openStore(e.db)
+	dir := t.TempDir()
+	e := &testEnv{t: t, db: filepath.Join(dir, "test.db"), log: filepath.Join(dir, "log")}
+	st, err := openStore(e.db, true)
 	require(t, err == nil, "openStore: %v", err)
+	logFile, err := os.Create(e.log)
+	require(t, err == nil, "%v", err)
 	e.store = st
 	e.key, e.keyID = e.mintKey("acme", false)
 	e.otherKey, _ = e.mintKey("other", false)
-	cfg := config{providerName: "the service"}
-	for _, c := range change {
-		c(&cfg)
-	}
-	srv := httptest.NewServer(newServer(st, slog.New(slog.DiscardHandler), cfg))
+	srv := httptest.NewServer(newServer(st, slog.New(slog.NewTextHandler(logFile, nil)), "the service"))
 	e.url = srv.URL
 	t.Cleanup(func() {
 		srv.Close()
 		err := st.close()
 		expect(t, err == nil, "close store: %v", err)
+		logFile.Close()
 	})
 	return e
 }
@@ -114,7 +118,7 @@ func callAPI(client *http.Client, method, url, key, body string, headers ...stri
 	if err != nil {
 		return r, err
 	}
-	if err := json.Unmarshal(r.raw, &r.env); err != nil && !bytes.Equal(r.raw, openAPIDocument) {
+	if err := json.Unmarshal(r.raw, &r.env); err != nil && !strings.HasSuffix(url, "/openapi.json") {
 		return r, fmt.Errorf("the body is not the envelope: %v: %s", err, r.raw)
 	}
 	return r, conformsToDocument(method, resp.Request.URL, r.status, r.header, r.raw)
@@ -164,8 +168,7 @@ func createBody(changes m) string {
 			delete(body, name)
 		}
 	}
-	text, _ := json.Marshal(body)
-	return string(text)
+	return jsonOf(body)
 }
 
 // create makes a button with key and returns its id.
@@ -184,34 +187,36 @@ func (e *testEnv) stored(account, id string) button {
 	return b
 }
 
-// count runs a query that counts, such as `SELECT count(*) FROM history`.
-func (e *testEnv) count(query string, args ...any) int {
+func (e *testEnv) buttons() int {
 	e.t.Helper()
 	var n int
-	err := e.store.reader.QueryRow(query, args...).Scan(&n)
-	require(e.t, err == nil, "%s: %v", query, err)
+	err := e.store.reader.QueryRow(`SELECT count(*) FROM buttons`).Scan(&n)
+	require(e.t, err == nil, "count the buttons: %v", err)
 	return n
 }
 
-func (e *testEnv) buttons() int { return e.count(`SELECT count(*) FROM buttons`) }
+func (e *testEnv) logged() string { text, _ := os.ReadFile(e.log); return string(text) }
 
-// holdWriteLock takes the write lock until the test ends; no key's last use is written meanwhile.
-func (e *testEnv) holdWriteLock() *sql.Tx {
+// holdWriteLock takes the write lock as another process would, until release or the test's end.
+func (e *testEnv) holdWriteLock() (release func()) {
 	e.t.Helper()
-	e.store.writer.Exec(`UPDATE api_keys SET last_used_at = ?`, now())
-	db, _ := sql.Open("sqlite", sqliteURI(e.db, "_pragma=busy_timeout(5000)&_txlock=immediate"))
+	db, _ := sql.Open("sqlite", sqliteURI(e.db, "_txlock=immediate"))
 	tx, err := db.Begin()
 	require(e.t, err == nil, "take the write lock: %v", err)
-	e.t.Cleanup(func() { tx.Rollback(); db.Close() })
-	return tx
+	release = func() { tx.Rollback(); db.Close() }
+	e.t.Cleanup(release)
+	return release
 }
 
 // runCLI runs the program in this process with args and env; it returns stdout, stderr and the error.
+// A serve that should have been refused stops after 10 s, exit status 0.
 func runCLI(t testing.TB, env map[string]string, args ...string) (string, string, error) {
 	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	var stdout, stderr bytes.Buffer
-	err := run(context.Background(), append([]string{"paybuttons"}, args...),
-		func(name string) string { return env[name] }, &stdout, &stderr)
+	err := run(ctx, append([]string{"paybuttons"}, args...), func(name string) string { return env[name] },
+		&stdout, &stderr)
 	return stdout.String(), stderr.String(), err
 }
 
@@ -227,8 +232,9 @@ func awaitTrue(cond func() bool) bool {
 
 func longTests() bool { return os.Getenv("PAYBUTTONS_LONG_TESTS") == "1" }
 
-// A refusal has its status and code, changes nothing and names 20 problems at most; usual headers on all.
+// A refusal has its status and code and changes nothing; usual headers on all; reads write nothing.
 func TestStatusCodesAndHeaders(t *testing.T) {
+	t.Parallel()
 	e := newTestServer(t)
 	id, otherID, deleted := e.create(e.key, createBody(nil)), e.create(e.otherKey, createBody(nil)),
 		e.create(e.key, createBody(nil))
@@ -253,14 +259,13 @@ func TestStatusCodesAndHeaders(t *testing.T) {
 		{"GET", p + "get/btn_01JD0000000000000000000000", e.key, "", "", 404, "not_found"},
 		{"GET", p + "get/42", e.key, "", "", 404, "not_found"},
 		{"GET", p + "get/" + otherID, e.key, "", "", 404, "not_found"}, // another account's
-		{"GET", p + "history/" + id, e.otherKey, "", "", 404, "not_found"},
 		{"POST", p + "update/" + id, e.otherKey, `{"amount":"1"}`, "", 404, "not_found"},
 		{"DELETE", p + "delete/" + id, e.otherKey, "", "", 404, "not_found"},
 		{"POST", p + "restore/" + id, e.key, "", "", 409, "wrong_state"}, // it is active
 		{"DELETE", p + "delete/" + deleted, e.key, "", "", 409, "wrong_state"},
 		{"POST", p + "update/" + deleted, e.key, `{"amount":"1"}`, "", 409, "wrong_state"},
 		{"GET", "/nope", e.key, "", "", 404, "not_found"},
-		{"GET", p + "changes", e.key, "", "", 404, "not_found"},       // removed: the change feed
+		{"GET", p + "history/" + id, e.key, "", "", 404, "not_found"}, // removed
 		{"GET", "/metrics", "", "", "", 404, "not_found"},             // removed
 		{"GET", p + "get/../create", e.key, "", "", 404, "not_found"}, // never redirected
 		{"GET", p + "get/%2e%2e/x", e.key, "", "", 404, "not_found"},
@@ -268,8 +273,11 @@ func TestStatusCodesAndHeaders(t *testing.T) {
 		{"GET", create, e.key, "", "", 405, "method_not_allowed"},
 		{"OPTIONS", create, "", "", "", 405, "method_not_allowed"},
 		{"POST", create, e.key, body, "Content-Type: text/plain", 415, "unsupported_media_type"},
+		{"POST", create, e.key, strings.Repeat(" ", 64<<10) + body, "", 413, "payload_too_large"},
 		{"POST", create, e.key, body, "Content-Type: application/json; charset=utf-8", 200, ""},
 		{"POST", create, e.key, body, "Content-Type: application/vnd.x+json", 200, ""},
+		{"POST", create, e.key, body, "Idempotency-Key: k1", 400, "invalid_request"}, // removed
+		{"DELETE", p + "delete/" + id, e.key, "", "Idempotency-Key: k2", 400, "invalid_request"},
 		{"DELETE", p + "delete/" + id, e.key, "", `If-Match: "01"`, 400, "invalid_request"},
 		{"DELETE", p + "delete/" + id, e.key, "", `If-Match: "2"`, 412, "precondition_failed"},
 	} {
@@ -285,54 +293,42 @@ func TestStatusCodesAndHeaders(t *testing.T) {
 		h := r.header
 		expect(t, h.Get("Cache-Control") == "no-store" && h.Get("X-Content-Type-Options") == "nosniff",
 			"%s: got headers %v, want no-store and nosniff", r.request, h)
+		if strings.HasPrefix(c.header, "Idempotency-Key") {
+			r.wantFields(t, "Idempotency-Key")
+		}
 	}
 	after := e.stored("acme", id)
 	expect(t, reflect.DeepEqual(after, before), "got %s, want acme's button unchanged", jsonOf(after))
-	// A refusal names at most 20 problems, each cut to 40 characters: no answer grows with the request.
-	many := m{"a" + strings.Repeat("x", 99): 1}
-	for i := range 24 {
-		many[fmt.Sprint("unknown", i)] = i
+	// Reads never answer 429 and write nothing: the WAL does not grow.
+	wal, _ := os.Stat(e.db + "-wal")
+	for range 120 {
+		e.do("GET", p+"get/"+id, e.key, "", "X-Request-Id", "trace-7").want(t, 200, "")
 	}
-	text, _ := json.Marshal(many)
-	r := e.do("POST", "/product-payment/create", e.key, string(text))
-	r.want(t, 400, "invalid_request")
-	_, cut := r.env.Errors["a"+strings.Repeat("x", 38)+"…"]
-	expect(t, len(r.env.Errors) == 20 && cut, "got errors %v, want 20, the long name cut to 40", r.env.Errors)
-	msg := r.env.Message
-	expect(t, strings.HasPrefix(msg, "31 fields are invalid: ") && strings.HasSuffix(msg, " and 11 more"),
-		"got message %q, want \"31 fields are invalid: ... and 11 more\"", msg)
-}
-
-// Each key has its own token bucket; past it a request is refused with Retry-After and does nothing.
-func TestRateLimit(t *testing.T) {
-	e := newTestServer(t, func(c *config) { c.rate, c.burst = 0.001, 2 })
-	e.do("GET", "/product-payment/get/x", e.key, "").want(t, 404, "not_found")
-	e.do("GET", "/product-payment/get/x", e.key, "").want(t, 404, "not_found")
-	r := e.do("POST", "/product-payment/create", e.key, createBody(nil))
-	r.want(t, 429, "rate_limited")
-	expect(t, r.header.Get("Retry-After") == "1000", "got %v, want Retry-After: 1000 (1/0.001 s)", r.header)
-	expect(t, e.buttons() == 0, "got %d buttons, want none", e.buttons())
-	spare, _ := e.mintKey("acme", false) // a bucket per key, not per account
-	e.do("GET", "/product-payment/get/x", spare, "").want(t, 404, "not_found")
-}
-
-// Ids made in one millisecond still grow, so a list is newest first however fast buttons come.
-func TestIDsOnlyGrow(t *testing.T) {
-	e, last := newTestServer(t), ""
-	for range 1000 {
-		id := e.store.newButtonID()
-		require(t, validButtonID(id) && id > last, "got %s after %s, want a greater, valid id", id, last)
-		last = id
-	}
+	walAfter, _ := os.Stat(e.db + "-wal")
+	expect(t, walAfter.Size() == wal.Size(), "120 gets grew the WAL from %d to %d", wal.Size(), walAfter.Size())
+	line := regexp.QuoteMeta(fmt.Sprintf("status=200 duration=")) + `\S+ ` +
+		regexp.QuoteMeta(fmt.Sprintf("requestId=trace-7 keyId=%s buttonId=%s", e.keyID, id))
+	expect(t, regexp.MustCompile(line).MatchString(e.logged()), "no access log line %s in\n%s", line, e.logged())
+	// HEAD is get without a body.
+	req, _ := http.NewRequest("HEAD", e.url+p+"get/"+id, nil)
+	req.Header.Set("X-API-KEY", e.key)
+	resp, err := http.DefaultClient.Do(req)
+	require(t, err == nil, "HEAD: %v", err)
+	text, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	expect(t, resp.StatusCode == 200 && resp.Header.Get("ETag") == `"1"` && len(text) == 0,
+		"HEAD get: got %d, %v, %q; want 200, ETag \"1\", no body", resp.StatusCode, resp.Header, text)
 }
 
 // list pages newest first and filters; each query parameter is checked, and removed ones are refused.
 func TestList(t *testing.T) {
+	t.Parallel()
 	e := newTestServer(t)
 	var ids []string
 	for i := range 5 {
 		method := []string{"Stripe", "the service"}[i%2]
 		ids = append(ids, e.create(e.key, createBody(m{"paymentMethod": method, "isLive": i < 2})))
+		time.Sleep(time.Millisecond) // ids sort by millisecond
 	}
 	e.do("DELETE", "/product-payment/delete/"+ids[4], e.key, "").want(t, 200, "")
 	e.create(e.otherKey, createBody(nil))
@@ -347,21 +343,11 @@ func TestList(t *testing.T) {
 		{"state=deleted", []string{ids[4]}, ""},
 		{"state=all&isLive=true", []string{ids[1], ids[0]}, ""},
 		{"paymentMethod=the%20service", []string{ids[3], ids[1]}, ""},
+		{"state=all&isLive=false&paymentMethod=Stripe", []string{ids[4], ids[2]}, ""},
 	} {
-		r := e.do("GET", "/product-payment/list?"+c.query, e.key, "")
-		r.want(t, 200, "")
-		var page struct {
-			Items   []struct{ ID string }
-			HasMore bool
-			Next    string
-		}
-		json.Unmarshal(r.env.Data, &page)
-		var got []string
-		for _, b := range page.Items {
-			got = append(got, b.ID)
-		}
-		expect(t, slices.Equal(got, c.want) && page.HasMore == (c.next != "") && page.Next == c.next,
-			"list?%s: got %s, want %v and next %q", c.query, r.env.Data, c.want, c.next)
+		got, next := e.page(c.query)
+		expect(t, slices.Equal(got, c.want) && next == c.next, "list?%s: got %v and next %q, want %v and %q",
+			c.query, got, next, c.want, c.next)
 	}
 	for query, field := range map[string]string{"limit=0": "limit", "limit=101": "limit", "limit=+5": "limit",
 		"limit=1&limit=2": "limit", "after=btn_x": "after", "state=gone": "state", "isLive=1": "isLive",
@@ -371,136 +357,185 @@ func TestList(t *testing.T) {
 	}
 }
 
-// history pages a button's changes, oldest first, each with its author and what it changed.
-func TestHistory(t *testing.T) {
-	e := newTestServer(t)
-	id := e.create(e.key, createBody(m{"metadata": m{"orderRef": "A-17"}}))
-	update := `{"amount":"24.9","description":null,"metadata":{"orderRef":null,"team":"web"}}`
-	e.do("POST", "/product-payment/update/"+id, e.key, update, "X-Request-Id", "trace-7").want(t, 200, "")
-	e.do("DELETE", "/product-payment/delete/"+id, e.key, "").want(t, 200, "")
+// page lists with query and returns the ids and the next cursor ("" for none).
+func (e *testEnv) page(query string) ([]string, string) {
+	e.t.Helper()
+	r := e.do("GET", "/product-payment/list?"+query, e.key, "")
+	r.want(e.t, 200, "")
 	var page struct {
-		Items   []map[string]any
+		Items   []struct{ ID string }
 		HasMore bool
-		Next    any
+		Next    *string
 	}
-	r := e.do("GET", "/product-payment/history/"+id+"?limit=2", e.key, "")
-	r.want(t, 200, "")
 	json.Unmarshal(r.env.Data, &page)
-	require(t, len(page.Items) == 2 && page.HasMore && page.Next == 2.0,
-		"history?limit=2: got %s, want 2 items, hasMore and next 2", r.env.Data)
-	want := m{"version": 2.0, "action": "update", "keyId": e.keyID, "requestId": "trace-7",
-		"at": page.Items[1]["at"], "changes": m{"amount": m{"from": "19.90", "to": "24.90"},
-			"description":       m{"from": "Monthly access", "to": nil},
-			"metadata.orderRef": m{"from": "A-17", "to": nil}, "metadata.team": m{"from": nil, "to": "web"}}}
-	expect(t, reflect.DeepEqual(page.Items[1], want), "the update: got %v\nwant %v", page.Items[1], want)
-	r = e.do("GET", "/product-payment/history/"+id+"?after=2", e.key, "")
-	r.want(t, 200, "")
-	json.Unmarshal(r.env.Data, &page)
-	deleted := m{"state": m{"from": "active", "to": "deleted"}}
-	expect(t, len(page.Items) == 1 && !page.HasMore && reflect.DeepEqual(page.Items[0]["changes"], deleted),
-		"history?after=2: got %s, want the delete alone, and the end", r.env.Data)
-	for query, field := range map[string]string{"after=-1": "after", "after=9007199254740992": "after",
-		"limit=0": "limit", "wait=1": "wait"} {
-		e.do("GET", "/product-payment/history/"+id+"?"+query, e.key, "").wantFields(t, field)
+	require(e.t, page.HasMore == (page.Next != nil), "list?%s: got %s, want next set when hasMore", query, r.raw)
+	var ids []string
+	for _, b := range page.Items {
+		ids = append(ids, b.ID)
 	}
+	if page.Next == nil {
+		return ids, ""
+	}
+	return ids, *page.Next
 }
 
-// An Idempotency-Key replays the first answer (refusals too) byte for byte for 24 h; ETag is the version.
-func TestIdempotencyKeys(t *testing.T) {
+// Pages never skip or repeat a button while others are created, in the same milliseconds too.
+func TestPagesWhileCreating(t *testing.T) {
+	t.Parallel()
 	e := newTestServer(t)
-	id := e.create(e.key, createBody(nil))
-	for i, req := range []struct{ method, path, body, ifMatch, code, etag string }{
-		{"POST", "create", createBody(nil), "", "", `"1"`},
-		{"POST", "create", `{"productName":""}`, "", "invalid_request", ""},
-		{"DELETE", "delete/" + id, "", `"1"`, "", `"2"`},
-		{"DELETE", "delete/" + id, "", `"1"`, "precondition_failed", ""},
-		{"POST", "restore/btn_01JD0000000000000000000000", "", "", "not_found", ""},
-	} {
-		headers := []string{"Idempotency-Key", fmt.Sprint("key-", i), "If-Match", req.ifMatch}
-		first := e.do(req.method, "/product-payment/"+req.path, e.key, req.body, headers...)
-		again := e.do(req.method, "/product-payment/"+req.path, e.key, req.body, headers...)
-		expect(t, first.env.Code == req.code && first.header.Get("ETag") == req.etag &&
-			first.header.Get("Idempotent-Replayed") == "", "%s: got %s, %v; want code %q, ETag %s",
-			first.request, first.raw, first.header, req.code, req.etag)
-		expect(t, again.header.Get("Idempotent-Replayed") == "true" && again.status == first.status &&
-			bytes.Equal(again.raw, first.raw) && again.header.Get("ETag") == req.etag,
-			"%s again: got %d %s, %v; want %d %s, replayed", again.request, again.status, again.raw,
-			again.header, first.status, first.raw)
+	existing := map[string]int{}
+	for range 40 {
+		existing[e.create(e.key, createBody(nil))] = 0
 	}
-	body, create := createBody(nil), "/product-payment/create"
-	e.do("POST", create, e.key, createBody(m{"amount": "1"}), "Idempotency-Key", "key-0").
-		want(t, 422, "idempotency_mismatch")
-	e.do("DELETE", "/product-payment/delete/"+id, e.key, "", "Idempotency-Key", "key-2", "If-Match", `"2"`).
-		want(t, 422, "idempotency_mismatch") // If-Match is part of the request
-	e.do("POST", create, e.otherKey, body, "Idempotency-Key", "key-0").want(t, 200, "") // another account's
-	e.do("POST", create, e.key, body, "Idempotency-Key", "ct", "Content-Type", "text/plain").
-		want(t, 415, "unsupported_media_type")
-	e.do("POST", create, e.key, body, "Idempotency-Key", "ct").want(t, 200, "") // the 415 was not kept
-	for _, key := range []string{"", strings.Repeat("k", 256), "tab\tin"} {
-		e.do("POST", create, e.key, body, "Idempotency-Key", key).wantFields(t, "Idempotency-Key")
+	stop, done := make(chan bool), make(chan bool)
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				callAPI(http.DefaultClient, "POST", e.url+"/product-payment/create", e.key, createBody(nil))
+			}
+		}
+	}()
+	seen, after := map[string]bool{}, ""
+	for first := true; first || after != ""; first = false {
+		ids, next := e.page("limit=3&after=" + after)
+		for _, id := range ids {
+			expect(t, !seen[id], "list gave %s twice", id)
+			seen[id] = true
+			existing[id]++
+		}
+		after = next
 	}
-	old := stamp(time.Now().Add(-25 * time.Hour))
-	e.store.writer.Exec(`UPDATE idempotency_keys SET created_at = ? WHERE key = 'key-0'`, old)
-	buttons := e.buttons()
-	r := e.do("POST", create, e.key, body, "Idempotency-Key", "key-0")
-	expect(t, r.header.Get("Idempotent-Replayed") == "" && e.buttons() == buttons+1,
-		"a key 25 h old: got %s, %v; want a new button", r.raw, r.header)
+	close(stop)
+	<-done
+	for id, n := range existing {
+		expect(t, n == 1, "the pages gave %s, made before they began, %d times; want once", id, n)
+	}
 }
 
-// A write waiting for the lock holds its key (409); past busy_timeout it is a 503 whose retry runs.
-func TestWriteWaitingForTheLock(t *testing.T) {
+// Every set of filters a list may send is a search of an index that ends in id: no scan, no sort.
+func TestListUsesAnIndex(t *testing.T) {
+	t.Parallel()
+	e, yes := newTestServer(t), true
+	for _, state := range []string{"active", "deleted", "all"} {
+		for _, isLive := range []*bool{nil, &yes} {
+			for _, method := range []string{"", "Stripe"} {
+				q := listQuery{Limit: 20, After: "btn_1", State: state, IsLive: isLive, PaymentMethod: method}
+				query, args := q.sql("acme")
+				rows, err := e.store.reader.Query("EXPLAIN QUERY PLAN "+query, args...)
+				plan, err := collect(rows, err, func(r *sql.Rows) (detail string, err error) {
+					var id, parent, unused int
+					return detail, r.Scan(&id, &parent, &unused, &detail)
+				})
+				ok := len(plan) == 1 && regexp.MustCompile(`^SEARCH buttons USING (PRIMARY KEY|INDEX \w+) `+
+					`\(account=\?`+strings.Repeat(` AND \w+=\?`, len(args)-3)+` AND id<\?\)$`).MatchString(plan[0])
+				expect(t, err == nil && ok, "%+v: got plan %q (%v), want one search with every filter", q, plan, err)
+			}
+		}
+	}
+}
+
+// Ids sort by the millisecond they were made in, and none is the one before it plus one.
+func TestIDs(t *testing.T) {
+	var last [16]byte
+	for range 5000 {
+		id := newButtonID()
+		raw, _ := crockford.DecodeString(strings.TrimPrefix(id, "btn_"))
+		require(t, validButtonID(id) && bytes.Compare(raw[:6], last[:6]) >= 0, "got %s after %x", id, last)
+		random, before := binary.BigEndian.Uint64(raw[8:]), binary.BigEndian.Uint64(last[8:])
+		expect(t, random != before+1 && random != before, "got %s after %x: derived from it", id, last)
+		last = [16]byte(raw)
+	}
+}
+
+// A write waits at most 5 s behind another process's lock: then 503 with Retry-After, nothing stored
+// then or later. Reads go on meanwhile; a client that hangs up is no ERROR; the lock gone, writes go on.
+func TestWriteWaitsAtMostFiveSeconds(t *testing.T) {
+	t.Parallel()
 	e := newTestServer(t)
-	held, path, body := e.holdWriteLock(), "/product-payment/create", createBody(nil)
-	var last response
-	done := make(chan error, 1)
-	send := func() {
-		var err error
-		last, err = callAPI(http.DefaultClient, "POST", e.url+path, e.key, body, "Idempotency-Key", "once")
-		done <- err
+	release := e.holdWriteLock()
+	start, create := time.Now(), "/product-payment/create"
+	var wg sync.WaitGroup
+	for range 3 { // one waits for the lock, two behind it for the writer connection
+		wg.Go(func() {
+			r, err := callAPI(http.DefaultClient, "POST", e.url+create, e.key, createBody(nil))
+			took := time.Since(start)
+			expect(t, err == nil && r.status == 503 && r.env.Code == "unavailable" &&
+				r.header.Get("Retry-After") == "1" && took < 6*time.Second, "a create behind the lock: got "+
+				"%d %s, %v (%v) after %v; want 503 unavailable, Retry-After: 1 after 5 s", r.status, r.raw,
+				r.header, err, took)
+		})
 	}
-	go send()
-	began := awaitTrue(func() bool { return e.store.writer.Stats().InUse > 0 })
-	require(t, began, "the first create did not begin its write within 20 s")
-	e.do("POST", path, e.key, body, "Idempotency-Key", "once").want(t, 409, "idempotency_in_flight")
-	if longTests() { // the lock held on past busy_timeout (5 s)
-		err := <-done
-		require(t, err == nil, "the first create: %v", err)
-		last.want(t, 503, "unavailable")
-		n := e.buttons() + e.count(`SELECT count(*) FROM idempotency_keys`)
-		expect(t, last.header.Get("Retry-After") == "1" && n == 0, "got %v, %d buttons and answers kept; "+
-			"want Retry-After: 1, none", last.header, n)
-		go send() // the retry, which runs afresh once the lock is free
+	ctx, hangUp := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", e.url+create, strings.NewReader(createBody(nil)))
+	req.Header.Set("X-API-KEY", e.key)
+	wg.Go(func() { http.DefaultClient.Do(req) })
+	for range 20 {
+		e.do("GET", "/product-payment/list", e.key, "").want(t, 200, "")
 	}
-	held.Rollback()
-	err := <-done
-	require(t, err == nil, "the create: %v", err)
-	last.want(t, 200, "")
-	expect(t, last.header.Get("Idempotent-Replayed") == "" && e.buttons() == 1, "got %s, %v; want a new "+
-		"button, not replayed", last.raw, last.header)
+	awaitTrue(func() bool { return e.store.writer.Stats().WaitCount >= 3 })
+	hangUp()
+	wg.Wait()
+	release()
+	expect(t, e.buttons() == 0, "got %d buttons after the lock went, want none", e.buttons())
+	start = time.Now()
+	e.create(e.key, createBody(nil))
+	expect(t, time.Since(start) < time.Second, "the first create after the lock went took %v", time.Since(start))
+	log := e.logged()
+	expect(t, strings.Count(log, "level=ERROR") == 3 && strings.Count(log, "status=499") == 1, "got log\n%s\n"+
+		"want three ERRORs for the 503s, and the hang-up as status=499 alone", log)
 }
 
-// The file is WAL and writes synchronous=FULL; /healthz answers 503 when the database does not answer,
-// and a panic is a 500 that logs its cause with the request id, never sent.
-func TestHealthAndFailures(t *testing.T) {
+// The file is WAL with synchronous=FULL. A full disk is a 503 that keeps nothing; a fault is a 500 that
+// logs its cause with the request id and sends none; so is a panic. /healthz is 503 without a database.
+func TestFaults(t *testing.T) {
+	t.Parallel()
 	e := newTestServer(t)
 	mode, synchronous := "", 0
 	e.store.reader.QueryRow(`PRAGMA journal_mode`).Scan(&mode)
 	e.store.writer.QueryRow(`PRAGMA synchronous`).Scan(&synchronous)
 	expect(t, mode == "wal" && synchronous == 2, "got journal_mode %q, the writer's synchronous %d; want "+
 		"wal (reads never wait for the writer) and 2 (FULL)", mode, synchronous)
-	e.do("GET", "/healthz", "", "").want(t, 200, "")
+	id := e.create(e.key, createBody(nil))
+	var pages int
+	e.store.writer.QueryRow(`PRAGMA page_count`).Scan(&pages)
+	e.store.writer.Exec(fmt.Sprintf(`PRAGMA max_page_count = %d`, pages)) // the disk is full
+	r := e.do("POST", "/product-payment/create", e.key, createBody(nil))
+	for i := 0; i < 100 && r.status == 200; i++ {
+		r = e.do("POST", "/product-payment/create", e.key, createBody(m{"description": strings.Repeat("x", 900)}))
+	}
+	r.want(t, 503, "unavailable")
+	buttons := e.buttons()
+	r = e.do("POST", "/product-payment/update/"+id, e.key, `{"description":"`+strings.Repeat("y", 4000)+`"}`)
+	r.want(t, 503, "unavailable")
+	expect(t, r.env.Message == "the disk is full; retry later" && r.header.Get("Retry-After") == "1" &&
+		e.buttons() == buttons && e.stored("acme", id).Version == 1, "a write on a full disk: got %s, %v, "+
+		"%d buttons (had %d); want it refused, nothing kept", r.raw, r.header, e.buttons(), buttons)
+	e.store.writer.Exec(`PRAGMA max_page_count = 1000000`)
+	e.create(e.key, createBody(nil))
+	other, _ := sql.Open("sqlite", e.db)
+	other.Exec(`ALTER TABLE buttons RENAME TO gone`) // a bug: the server's SQL names no such table
+	r = e.do("POST", "/product-payment/create", e.key, createBody(nil), "X-Request-Id", "trace-500")
+	other.Exec(`ALTER TABLE gone RENAME TO buttons`)
+	other.Close()
+	expect(t, bytes.Equal(r.raw, internalError), "a fault: got %d %s, want 500 %s", r.status, r.raw, internalError)
+	fault := regexp.MustCompile(`level=ERROR msg="request failed" requestId=trace-500 status=500 err=.*no such table`)
+	expect(t, fault.MatchString(e.logged()), "got log\n%s\nwant the fault with its request id", e.logged())
 	e.store.reader.Close()
-	r := e.do("GET", "/healthz", "", "")
+	r = e.do("GET", "/healthz", "", "")
 	r.want(t, 503, "unavailable")
 	expect(t, r.header.Get("Retry-After") == "1", "got headers %v, want Retry-After: 1", r.header)
 	var logs bytes.Buffer
 	s := &server{log: slog.New(slog.NewTextHandler(&logs, nil))}
 	rec, req := httptest.NewRecorder(), httptest.NewRequest("GET", "/x", nil)
-	req.Header.Set("X-Request-Id", "trace-500")
+	req.Header.Set("X-Request-Id", "trace-panic")
 	s.withBasics(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("secret detail") })).
 		ServeHTTP(rec, req)
 	expect(t, rec.Code == 500 && bytes.Equal(rec.Body.Bytes(), internalError), "got %d %s, want 500 %s",
 		rec.Code, rec.Body, internalError)
-	expect(t, strings.Contains(logs.String(), `msg=panic requestId=trace-500 panic="secret detail"`),
+	expect(t, strings.Contains(logs.String(), `msg=panic requestId=trace-panic panic="secret detail"`),
 		"got log %s, want the panic with the request id", logs.String())
 }

@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"path"
 	"regexp"
@@ -128,17 +130,24 @@ func matchSchema(node, value any, where string) error {
 	return errors.Join(errs...)
 }
 
+// operation is what openapi.json declares for method on the URL path p ("//", "." and ".." make no
+// path, as in withBasics), and the path's template: nil and "" for none.
+func operation(method, p string) (map[string]any, string) {
+	paths, template := deref(openAPI()["paths"]), ""
+	for t := range paths {
+		match, _ := path.Match(strings.ReplaceAll(t, "{id}", "*"), p)
+		if match && path.Clean(p) == p {
+			template = t
+		}
+	}
+	return deref(deref(paths[template])[strings.ToLower(method)]), template
+}
+
 // conformsToDocument checks an answer against the response openapi.json declares for it: its
 // Content-Type, the headers it requires and its body's schema.
 func conformsToDocument(method string, u *url.URL, status int, header http.Header, body []byte) error {
-	paths, template := deref(openAPI()["paths"]), ""
-	for p := range paths { // "//", "." or ".." make no path, as in withBasics
-		match, _ := path.Match(strings.ReplaceAll(p, "{id}", "*"), u.EscapedPath())
-		if match && path.Clean(u.Path) == u.Path {
-			template = p
-		}
-	}
-	responses := deref(deref(deref(paths[template])[strings.ToLower(method)])["responses"])
+	op, template := operation(method, u.EscapedPath())
+	responses := deref(op["responses"])
 	if responses == nil && template == "" { // the mux's own answers
 		responses = map[string]any{"404": map[string]any{"$ref": "#/components/responses/NotFound"}}
 	} else if responses == nil {
@@ -180,11 +189,12 @@ func conformsToDocument(method string, u *url.URL, status int, header http.Heade
 	return nil
 }
 
-// conformsToDocument refuses answers that break openapi.json, or checking every answer would prove nothing.
+// The document and the server agree both ways: conformsToDocument refuses what breaks the document
+// (or checking every answer would prove nothing), and the document names no route, header or code the
+// server does not have. The served document names the server's -provider-name.
 func TestOpenAPIDocument(t *testing.T) {
+	t.Parallel()
 	e := newTestServer(t)
-	served := e.do("GET", "/openapi.json", "", "").raw
-	expect(t, bytes.Equal(served, openAPIDocument), "GET /openapi.json: got %.100s..., want the file", served)
 	g := "/product-payment/get/" + e.create(e.key, createBody(nil))
 	get := e.do("GET", g, e.key, "")
 	good, header := string(get.raw), get.header
@@ -208,8 +218,8 @@ func TestOpenAPIDocument(t *testing.T) {
 		{"GET", g, 404, header, fmt.Sprintf(refusal, "gone")},
 		{"GET", "/nope", 200, header, good},
 		{"POST", "/healthz", 200, header, good},
-		{"GET", "/product-payment/list", 429, bare, fmt.Sprintf(refusal, "rate_limited")}, // no Retry-After
-		{"POST", "/healthz", 405, bare, fmt.Sprintf(refusal, "method_not_allowed")},       // no Allow
+		{"POST", "/healthz", 405, bare, fmt.Sprintf(refusal, "method_not_allowed")},         // no Allow
+		{"POST", "/product-payment/create", 503, bare, fmt.Sprintf(refusal, "unavailable")}, // no Retry-After
 	} {
 		err := conformsToDocument(c.method, &url.URL{Path: c.path}, c.status, c.header, []byte(c.body))
 		expect(t, err != nil, "%s %s %d %v: got no error for %s", c.method, c.path, c.status, c.header,
@@ -217,4 +227,58 @@ func TestOpenAPIDocument(t *testing.T) {
 	}
 	err := matchSchema(map[string]any{"minItems": 1}, []any{}, "")
 	expect(t, err != nil, "matchSchema with minItems: got no error, want one for a keyword it does not check")
+	// Every operation it names is routed; every code it names is sent; it names the headers served.
+	for template, item := range deref(openAPI()["paths"]) {
+		for method := range deref(item) {
+			if !slices.Contains([]string{"get", "post", "delete"}, method) {
+				continue // the path's parameters
+			}
+			p := strings.ReplaceAll(template, "{id}", "btn_01JD0000000000000000000000")
+			r := e.do(strings.ToUpper(method), p, e.key, "{}")
+			expect(t, r.status != 405 && r.env.Message != errNoPath.message, "%s: got %d %s", r.request,
+				r.status, r.raw)
+		}
+	}
+	codes := deref(deref(openAPI()["components"])["schemas"])["ErrorCode"]
+	var named []string
+	for _, code := range deref(codes)["enum"].([]any) {
+		named = append(named, code.(string))
+	}
+	slices.Sort(named)
+	expect(t, slices.Equal(named, slices.Sorted(maps.Keys(statusOf))), "got codes %v, want %v", named,
+		slices.Sorted(maps.Keys(statusOf)))
+	for _, name := range headerNames(openAPI()) {
+		expect(t, slices.Contains([]string{"X-API-KEY", "If-Match", "ETag", "Allow", "Retry-After",
+			"X-Request-Id"}, name), "openapi.json names the header %s, which the server does not have", name)
+	}
+	ifMatch := deref(deref(deref(openAPI()["components"])["parameters"])["IfMatch"])["schema"]
+	for value, ok := range map[string]bool{`"3"`: true, `*`: true, `""`: false, `"0"`: false, `"05"`: false} {
+		expect(t, (matchSchema(ifMatch, value, "If-Match") == nil) == ok, "If-Match %s: want valid %v", value, ok)
+	}
+	// The served document names -provider-name where the file says "the service".
+	st, _ := openStore(t.TempDir()+"/acme.db", true)
+	defer st.close()
+	srv := httptest.NewServer(newServer(st, slog.New(slog.DiscardHandler), "Acme Pay"))
+	defer srv.Close()
+	r, err := callAPI(http.DefaultClient, "GET", srv.URL+"/openapi.json", "", "")
+	served, _ := decodeJSON[map[string]any](r.raw)
+	methods := deref(deref(deref(served["components"])["schemas"])["PaymentMethod"])["enum"]
+	expect(t, err == nil && jsonOf(methods) == `["Acme Pay","Stripe","StripeConnect"]`, "GET /openapi.json "+
+		"with -provider-name \"Acme Pay\": got paymentMethod %v (%v)", methods, err)
+}
+
+// headerNames returns every header node names: the name of a header parameter, a key of "headers".
+func headerNames(node any) []string {
+	var names []string
+	object, _ := node.(map[string]any)
+	if object["in"] == "header" {
+		names = append(names, fmt.Sprint(object["name"]))
+	}
+	for key, value := range object {
+		if key == "headers" {
+			names = slices.AppendSeq(names, maps.Keys(deref(value)))
+		}
+		names = append(names, headerNames(value)...)
+	}
+	return names
 }

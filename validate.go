@@ -2,9 +2,7 @@ package main
 
 import (
 	"bytes"
-	"cmp"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -20,21 +18,22 @@ import (
 
 const (
 	feeField       = "ApplicationFeePercentage"
+	maxBody        = 64 << 10
 	maxAmountMinor = 1_000_000_000_000_000 // 10^15 minor units: every amount fits an int64
 )
 
 var (
-	createFields = []string{"productName", "description", "amount", "currency", "billingInterval",
-		"paymentMethod", "paymentType", "isLive", feeField, "metadata"}
 	// fixedFields are chosen at create. An update that names them is refused, not ignored, so that
 	// a client never believes it changed them.
-	fixedFields = []string{"paymentMethod", "paymentType", "isLive", "billingInterval"}
+	fixedFields  = []string{"paymentMethod", "paymentType", "isLive", "billingInterval"}
+	updateFields = []string{"productName", "description", "amount", "currency", feeField, "metadata"}
+	createFields = append(slices.Clone(updateFields), fixedFields...)
 )
 
-// fields is a decoded body or query string: each known name given once with its value (a body's
-// numbers as json.Number, their text), and what is wrong so far, name -> why.
+// fields is a decoded body or query string: each known name given once with its value (nil for
+// null; a body's numbers as json.Number, their text), and every problem found, name -> why.
 type fields struct {
-	given    map[string]any
+	values   map[string]any
 	problems map[string]string
 }
 
@@ -45,7 +44,7 @@ func (f *fields) fail(name, why string) {
 	}
 }
 
-func (f *fields) has(name string) bool { return f.given[name] != nil } // null is absent
+func (f *fields) has(name string) bool { return f.values[name] != nil } // null is absent
 
 // invalid is the 400 for problems, nil for none. It names at most 20, each in at most 40
 // characters, and says how many more there were: no answer grows with the request.
@@ -76,18 +75,18 @@ func invalid(problems map[string]string) error {
 
 // readBody returns the request body once it has checked the media type (none is read as JSON) and
 // the 64 KiB cap.
-func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+func readBody(r *http.Request) ([]byte, error) {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mediaType, _, err := mime.ParseMediaType(ct)
 		if err != nil || mediaType != "application/json" && !strings.HasSuffix(mediaType, "+json") {
 			return nil, &apiError{code: codeMediaType, message: "Content-Type must be JSON"}
 		}
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 64<<10))
-	if maxErr := (*http.MaxBytesError)(nil); errors.As(err, &maxErr) {
-		return nil, &apiError{code: codeTooLarge, message: "body is larger than 64 KiB"}
-	} else if err != nil {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil {
 		return nil, invalid(map[string]string{"body": "could not be read"})
+	} else if len(body) > maxBody {
+		return nil, &apiError{code: codeTooLarge, message: "body is larger than 64 KiB"}
 	}
 	return body, nil
 }
@@ -102,7 +101,7 @@ func readObject(body []byte, known []string) (*fields, error) {
 	} else if dec.Decode(&object) != nil || object[0] != '{' || dec.Decode(new(any)) != io.EOF {
 		return nil, invalid(map[string]string{"body": "must be one JSON object, nothing after it"})
 	}
-	f := &fields{given: map[string]any{}, problems: map[string]string{}}
+	f := &fields{values: map[string]any{}, problems: map[string]string{}}
 	dec = json.NewDecoder(bytes.NewReader(object))
 	dec.UseNumber() // numbers keep their text: an amount never passes through a float
 	dec.Token()     // the object is valid: from here on nothing fails
@@ -117,7 +116,7 @@ func readObject(body []byte, known []string) (*fields, error) {
 
 // readQuery reads a query string as readObject reads a body.
 func readQuery(raw string, known ...string) *fields {
-	f := &fields{given: map[string]any{}, problems: map[string]string{}}
+	f := &fields{values: map[string]any{}, problems: map[string]string{}}
 	values, err := url.ParseQuery(raw)
 	if err != nil {
 		f.fail("query", "is not a valid URL query string")
@@ -133,7 +132,7 @@ func readQuery(raw string, known ...string) *fields {
 // add gives name its value, unless it is unknown (suggesting the name it matches but for case) or
 // given already.
 func (f *fields) add(name string, value any, known []string) {
-	_, repeated := f.given[name]
+	_, repeated := f.values[name]
 	i := slices.IndexFunc(known, func(k string) bool { return strings.EqualFold(k, name) })
 	switch {
 	case i >= 0 && known[i] != name:
@@ -143,30 +142,27 @@ func (f *fields) add(name string, value any, known []string) {
 	case repeated:
 		f.fail(name, "is given more than once")
 	default:
-		f.given[name] = value
+		f.values[name] = value
 	}
 }
 
-// The readers below return a value, or "" (or 0) when it is absent, null or breaks a rule; they
-// record why.
-
+// str returns name's string, and whether it is one; a value of another type is a problem.
 func (f *fields) str(name string) (string, bool) {
-	s, ok := f.given[name].(string)
+	s, ok := f.values[name].(string)
 	if !ok && f.has(name) {
 		f.fail(name, "must be a string")
 	}
 	return s, ok
 }
 
-// oneOf returns name's string when it is exactly one of allowed; a wrong case gets a "did you
-// mean".
+// oneOf returns name's string when it is exactly one of allowed, else ""; a wrong case gets a
+// "did you mean".
 func (f *fields) oneOf(name string, allowed ...string) string {
 	s, ok := f.str(name)
 	if !ok || slices.Contains(allowed, s) {
 		return s
 	}
-	i := slices.IndexFunc(allowed, func(a string) bool { return strings.EqualFold(a, s) })
-	if i >= 0 {
+	if i := slices.IndexFunc(allowed, func(a string) bool { return strings.EqualFold(a, s) }); i >= 0 {
 		f.fail(name, fmt.Sprintf("must be exactly %q", allowed[i]))
 	} else {
 		f.fail(name, fmt.Sprintf("must be one of %q", allowed))
@@ -174,41 +170,15 @@ func (f *fields) oneOf(name string, allowed ...string) string {
 	return ""
 }
 
-// text returns name's string when it has at most max characters, none of them bad.
-func (f *fields) text(name, s string, max int, bad func(rune) bool, badWhy string) string {
-	if n := utf8.RuneCountInString(s); n > max {
-		f.fail(name, fmt.Sprintf("must be at most %d characters (it has %d)", max, n))
-	} else if strings.ContainsFunc(s, bad) {
-		f.fail(name, "must not contain "+badWhy)
-	} else {
-		return s
-	}
-	return ""
-}
-
-// decimal returns name's plain decimal: a JSON string, or a JSON number read from its text.
-func (f *fields) decimal(name string) (decimal, bool) {
-	text, isString := f.given[name].(string)
-	if number, ok := f.given[name].(json.Number); ok {
-		text, isString = number.String(), true
-	}
-	d, ok := parseDecimal(text)
-	if !isString && f.has(name) {
-		f.fail(name, "must be a string or a number")
-	} else if !ok && f.has(name) {
-		f.fail(name, `must be a plain decimal number such as "12.50" (no sign, exponent or spaces)`)
-	}
-	return d, ok
-}
-
 // whole returns the query parameter name as a whole number from min to max; def when it is absent.
 func (f *fields) whole(name string, min, max, def int64) int64 {
 	s, ok := f.str(name)
-	n, err := strconv.ParseInt(s, 10, 64)
-	if ok && (err != nil || !onlyOf(s, digits) || n < min || n > max) {
-		f.fail(name, fmt.Sprintf("must be a whole number from %d to %d", min, max))
-	} else if !ok {
+	if !ok {
 		return def
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || !onlyOf(s, digits) || n < min || n > max {
+		f.fail(name, fmt.Sprintf("must be a whole number from %d to %d", min, max))
 	}
 	return n
 }
@@ -228,13 +198,20 @@ func decodeCreate(body []byte, providerName string) (button, error) {
 			f.fail(name, "is required")
 		}
 	}
-	var b button
-	if isLive, ok := f.given["isLive"].(bool); ok {
-		b.IsLive = isLive
-	} else {
+	b := button{
+		ProductName:   f.productName(),
+		Description:   orNil(f.description()),
+		Currency:      f.currency(),
+		PaymentMethod: f.oneOf("paymentMethod", providerName, "Stripe", "StripeConnect"),
+		PaymentType:   f.oneOf("paymentType", "one_time", "subscription"),
+		Metadata:      f.metadata(nil),
+	}
+	b.Amount = f.amount(b.Currency)
+	isLive, isBool := f.values["isLive"].(bool)
+	if !isBool && f.has("isLive") {
 		f.fail("isLive", "must be a boolean")
 	}
-	b.PaymentType = f.oneOf("paymentType", "one_time", "subscription")
+	b.IsLive = isLive
 	// Case-insensitive in ASCII only: strings.ToLower maps the Kelvin sign to "k".
 	s, _ := f.str("billingInterval")
 	interval := billingIntervals[strings.ToLower(s)]
@@ -246,11 +223,12 @@ func decodeCreate(body []byte, providerName string) (button, error) {
 	} else if b.PaymentType == "one_time" && interval != "" {
 		f.fail("billingInterval", "must be absent when paymentType is one_time")
 	}
-	b.PaymentMethod = f.oneOf("paymentMethod", providerName, "Stripe", "StripeConnect")
-	if b.PaymentMethod == "StripeConnect" && !f.has(feeField) {
+	if f.has(feeField) {
+		b.Fee = orNil(f.fee(b.PaymentMethod))
+	} else if b.PaymentMethod == "StripeConnect" {
 		f.fail(feeField, "is required when paymentMethod is StripeConnect")
 	}
-	return b, f.edit(&b)
+	return b, invalid(f.problems)
 }
 
 // billingIntervals maps every accepted spelling, lower-cased, to the interval stored.
@@ -258,63 +236,47 @@ var billingIntervals = map[string]string{"day": "day", "week": "week", "month": 
 	"year": "year", "daily": "day", "weekly": "week", "monthly": "month", "yearly": "year",
 	"annually": "year"}
 
-// decodeUpdate reads an update body; edit then checks its fields against the button they change.
+// decodeUpdate reads an update body, refusing its form; apply then checks its values against the
+// button they change.
 func decodeUpdate(body []byte) (*fields, error) {
-	f, err := readObject(body, append([]string{"productName", "description", "amount", "currency",
-		feeField, "metadata"}, fixedFields...))
+	f, err := readObject(body, createFields)
 	if err != nil {
 		return nil, err
 	}
 	for _, name := range fixedFields {
-		if _, given := f.given[name]; given {
+		if f.has(name) {
 			f.fail(name, "cannot be changed by update")
 		}
 	}
-	named := 0
-	for name, value := range f.given {
-		if value != nil || name == "description" { // null clears the description, leaves the rest
-			named++
-		}
-	}
-	if named == 0 && len(f.problems) == 0 {
+	_, clears := f.values["description"] // null clears it: the one field where null is not absent
+	if !clears && !slices.ContainsFunc(updateFields, f.has) && len(f.problems) == 0 {
 		f.fail("body", "has no field to update")
 	}
 	return f, invalid(f.problems)
 }
 
-// edit sets in b the fields that create and update share, or refuses them with invalid_request: the
-// amount must fit the currency the button will have (a new currency without a new amount takes the
-// stored amount), the fee is only for StripeConnect, and metadata merges key by key. b is left as
-// it was when edit fails.
-func (f *fields) edit(b *button) error {
+// apply sets in b the fields of an update, or refuses them naming every field that breaks a rule:
+// the amount must fit the currency the button will have, and a new currency needs a new amount;
+// the fee is for a StripeConnect button only; metadata merges key by key. b is left as it was when
+// apply fails.
+func (f *fields) apply(b *button) error {
 	next := *b
-	if s, ok := f.str("productName"); ok {
-		next.ProductName = f.productName(strings.TrimSpace(s))
+	if f.has("productName") {
+		next.ProductName = f.productName()
 	}
-	if _, given := f.given["description"]; given {
-		s, _ := f.str("description")
-		next.Description = orNil(f.text("description", s, 5000, func(r rune) bool {
-			return unicode.IsControl(r) && !strings.ContainsRune("\t\n\r", r)
-		}, "control characters other than tab and line breaks"))
+	if _, given := f.values["description"]; given {
+		next.Description = orNil(f.description())
 	}
-	if s, ok := f.str("currency"); ok {
-		next.Currency = f.currency(s)
+	if f.has("currency") {
+		next.Currency = f.currency()
 	}
 	if f.has("amount") {
 		next.Amount = f.amount(next.Currency)
-	} else if b.Currency != "" && next.Currency != b.Currency {
-		// A new currency without a new amount takes the stored amount, which must fit it.
-		d, _ := parseDecimal(b.Amount)
-		exp := currencyExponents[next.Currency]
-		n, fits := d.scaled(exp, maxAmountMinor)
-		next.Amount = formatScaled(n, exp)
-		if !fits {
-			f.fail("currency", fmt.Sprintf("cannot change to %s without a new amount: "+
-				"%s %s does not fit it", next.Currency, b.Amount, b.Currency))
-		}
+	} else if next.Currency != b.Currency && next.Currency != "" {
+		f.fail("amount", "is required when currency changes")
 	}
 	if f.has(feeField) {
-		next.Fee = orNil(f.fee(next.PaymentMethod))
+		next.Fee = orNil(f.fee(b.PaymentMethod))
 	}
 	next.Metadata = f.metadata(b.Metadata)
 	if err := invalid(f.problems); err != nil {
@@ -324,98 +286,143 @@ func (f *fields) edit(b *button) error {
 	return nil
 }
 
-// --- field rules ---
+// --- field rules: each returns the value to store, or "" when it is absent or refused ---
 
-// productName must show a letter, digit, punctuation mark or symbol, and carry no bidirectional
-// control, which could make a checkout page show another name.
-func (f *fields) productName(s string) string {
-	if s == "" {
-		f.fail("productName", "must not be empty")
-	} else if !strings.ContainsFunc(s, func(r rune) bool {
+// productName is trimmed; it must show a letter, digit, punctuation mark or symbol, and carry no
+// bidirectional control, which could make a checkout page show another name.
+func (f *fields) productName() string {
+	s, ok := f.str("productName")
+	if !ok {
+		return ""
+	}
+	s = strings.TrimSpace(s)
+	if !strings.ContainsFunc(s, func(r rune) bool {
 		return unicode.In(r, unicode.L, unicode.N, unicode.P, unicode.S)
 	}) {
 		f.fail("productName", "must have at least one letter, digit, punctuation mark or symbol")
+		return ""
 	}
 	return f.text("productName", s, 250, func(r rune) bool {
 		return unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r)
 	}, "control characters or bidirectional controls")
 }
 
-// currency returns s as an active ISO 4217 code, upper-cased.
-func (f *fields) currency(s string) string {
-	code := strings.ToUpper(s) // once s is known to be ASCII: strings.ToUpper maps "ſ" to "S"
-	if _, active := currencyExponents[code]; len(s) != 3 || !onlyOf(s, letters) {
-		f.fail("currency", `must be a three-letter ISO 4217 code such as "USD"`)
-	} else if !active {
-		f.fail("currency", "is not an active ISO 4217 currency (no fund, metal or test codes)")
-	} else {
-		return code
-	}
-	return ""
+func (f *fields) description() string {
+	s, _ := f.str("description")
+	return f.text("description", s, 5000, func(r rune) bool {
+		return unicode.IsControl(r) && !strings.ContainsRune("\t\n\r", r)
+	}, "control characters other than tab and line breaks")
 }
 
-// amount returns the amount with currency's decimal places ("19.90" USD, "500" JPY); with currency
-// "" (absent or broken), it checks only the amount's own form.
+// text returns s, the value of name, when it has at most max characters, none of them bad.
+func (f *fields) text(name, s string, max int, bad func(rune) bool, badWhy string) string {
+	if n := utf8.RuneCountInString(s); n > max {
+		f.fail(name, fmt.Sprintf("must be at most %d characters (it has %d)", max, n))
+		return ""
+	} else if strings.ContainsFunc(s, bad) {
+		f.fail(name, "must not contain "+badWhy)
+		return ""
+	}
+	return s
+}
+
+// currency returns an active ISO 4217 code, upper-cased.
+func (f *fields) currency() string {
+	s, ok := f.str("currency")
+	if !ok {
+		return ""
+	} else if len(s) != 3 || !onlyOf(s, letters) {
+		f.fail("currency", `must be a three-letter ISO 4217 code such as "USD"`)
+		return ""
+	}
+	code := strings.ToUpper(s) // s is ASCII: strings.ToUpper would map "ſ" to "S"
+	if _, active := currencyExponents[code]; !active {
+		f.fail("currency", "is not an active ISO 4217 currency (no fund, metal or test codes)")
+		return ""
+	}
+	return code
+}
+
+// amount returns the amount with currency's decimal places ("19.90" USD, "500" JPY). With currency
+// "" (absent or refused) it checks only the amount's own form.
 func (f *fields) amount(currency string) string {
 	d, ok := f.decimal("amount")
+	if !ok {
+		return ""
+	}
 	exp := currencyExponents[currency]
 	n, fits := d.scaled(exp, maxAmountMinor)
-	switch {
-	case !ok:
-	case d.isZero():
+	if d.isZero() {
 		f.fail("amount", "must be greater than zero")
-	case currency == "":
-	case len(d.frac) > exp:
+	} else if currency != "" && len(d.frac) > exp {
 		f.fail("amount", fmt.Sprintf("cannot be expressed in %s, which has %d decimal places",
 			currency, exp))
-	case !fits:
+	} else if currency != "" && !fits {
 		f.fail("amount", fmt.Sprintf("is above the maximum of %s %s",
 			formatScaled(maxAmountMinor, exp), currency))
-	default:
+	} else if currency != "" {
 		return formatScaled(n, exp)
 	}
 	return ""
 }
 
 // fee returns ApplicationFeePercentage with two decimal places ("2.50"): 0.01 to 100 with at most 2
-// decimal places, on a StripeConnect button only (method "" broke a rule of its own).
+// decimal places, on a StripeConnect button only (method "": refused already, for its own reason).
 func (f *fields) fee(method string) string {
 	d, ok := f.decimal(feeField)
+	if !ok {
+		return ""
+	}
 	basisPoints, fits := d.scaled(2, 10_000)
-	switch {
-	case !ok:
-	case method != "StripeConnect" && method != "":
+	if method != "StripeConnect" && method != "" {
 		f.fail(feeField, "is only allowed when paymentMethod is StripeConnect")
-	case len(d.frac) > 2:
+	} else if len(d.frac) > 2 {
 		f.fail(feeField, "must have at most 2 decimal places")
-	case !fits || basisPoints == 0:
+	} else if !fits || basisPoints == 0 {
 		f.fail(feeField, "must be between 0.01 and 100")
-	default:
+	} else {
 		return formatScaled(basisPoints, 2)
 	}
 	return ""
 }
 
+// decimal returns name's plain decimal, a JSON string or a JSON number read from its text, and
+// whether it is one: false when it is absent, or refused.
+func (f *fields) decimal(name string) (decimal, bool) {
+	text, isText := f.values[name].(string)
+	if number, ok := f.values[name].(json.Number); ok {
+		text, isText = number.String(), true
+	}
+	d, ok := parseDecimal(text)
+	if !isText && f.has(name) {
+		f.fail(name, "must be a string or a number")
+	} else if !ok && f.has(name) {
+		f.fail(name, `must be a plain decimal number such as "12.50" (no sign, exponent or spaces)`)
+	}
+	return d, ok
+}
+
 // metadata returns stored with the body's metadata merged in: a string sets its key, null or ""
 // removes it.
 func (f *fields) metadata(stored map[string]string) map[string]string {
-	merged := map[string]string{}
-	maps.Copy(merged, stored)
-	object, isObject := f.given["metadata"].(map[string]any)
+	merged := maps.Clone(stored)
+	if merged == nil {
+		merged = map[string]string{}
+	}
+	object, isObject := f.values["metadata"].(map[string]any)
 	if f.has("metadata") && !isObject {
 		f.fail("metadata", "must be an object of string keys to string values")
 	}
 	for key, value := range object {
 		s, isString := value.(string)
-		switch {
-		case len(key) < 1 || len(key) > 40 || !onlyOf(key, nameChars):
+		if len(key) < 1 || len(key) > 40 || !onlyOf(key, nameChars) {
 			f.fail("metadata", fmt.Sprintf("has the key %.40q: a key is 1 to 40 of A-Z a-z 0-9 _-.",
 				key))
-		case !isString && value != nil:
+		} else if !isString && value != nil {
 			f.fail("metadata."+key, "must be a string, or null to remove the key")
-		case s == "":
+		} else if s == "" {
 			delete(merged, key)
-		default:
+		} else {
 			merged[key] = f.text("metadata."+key, s, 500, unicode.IsControl, "control characters")
 		}
 	}
@@ -425,7 +432,7 @@ func (f *fields) metadata(stored map[string]string) map[string]string {
 	return merged
 }
 
-// --- list and history queries, If-Match ---
+// --- the list query and If-Match ---
 
 // decodeListQuery reads list's query string: limit (1 to 100, 20 by default), after, and the
 // filters.
@@ -436,21 +443,15 @@ func decodeListQuery(raw, providerName string) (listQuery, error) {
 	if q.After != "" && !validButtonID(q.After) {
 		f.fail("after", "must be a button id: the next of the page before")
 	}
-	q.State = cmp.Or(f.oneOf("state", "active", "deleted", "all"), "active")
+	if f.has("state") {
+		q.State = f.oneOf("state", "active", "deleted", "all")
+	}
 	if isLive := f.oneOf("isLive", "true", "false"); isLive != "" {
 		live := isLive == "true"
 		q.IsLive = &live
 	}
 	q.PaymentMethod = f.oneOf("paymentMethod", providerName, "Stripe", "StripeConnect")
 	return q, invalid(f.problems)
-}
-
-// decodeHistoryQuery reads history's query string: limit (1 to 100, 100 by default) and after, the
-// last version of the page before (up to 2^53-1, the largest integer every JSON client reads
-// exactly).
-func decodeHistoryQuery(raw string) (limit, after int64, err error) {
-	f := readQuery(raw, "limit", "after")
-	return f.whole("limit", 1, 100, 100), f.whole("after", 0, 1<<53-1, 0), invalid(f.problems)
 }
 
 // parseIfMatch reads If-Match: a version in quotes, as an ETag sends it. It returns 0, any version,
