@@ -50,8 +50,8 @@ echo "== @hey-api/openapi-ts: the SDK"
 npx --no-install openapi-ts --input "$doc" --output hey --client @hey-api/client-fetch
 cat >use-hey.ts <<'EOF'
 import { client } from "./hey/client.gen";
-import { createButton, getButtonHistory, listButtons, updateButton } from "./hey/sdk.gen";
-import type { Button } from "./hey/types.gen";
+import { createButton, deleteButton, getButton, listButtons, restoreButton, updateButton } from "./hey/sdk.gen";
+import type { Button, WriteResult } from "./hey/types.gen";
 
 client.setConfig({ baseUrl: "http://127.0.0.1:8080", headers: { "X-API-KEY": "pbk_example" } });
 
@@ -61,13 +61,15 @@ export async function lifecycle(): Promise<Button[]> {
       paymentType: "one_time", isLive: false, metadata: { orderRef: "A-17" } },
   });
   const id: string = created.data?.data ?? "";
-  await updateButton({ path: { id }, headers: { "If-Match": '"1"' }, body: { amount: "12.00", metadata: { orderRef: null } } });
-  const history = await getButtonHistory({ path: { id }, query: { limit: 2 } });
-  const next: number | null | undefined = history.data?.data.next;
-  const page = await listButtons({
-    query: { paymentMethod: "Stripe", isLive: false, state: "all", after: next === null ? undefined : id },
-  });
-  return page.data?.data.items ?? [];
+  const got = await getButton({ path: { id } });
+  const version: number = got.data?.data.version ?? 1;
+  await updateButton({ path: { id }, headers: { "If-Match": `"${version}"` }, body: { amount: "12.00", currency: "EUR" } });
+  const deleted = await deleteButton({ path: { id }, headers: { "If-Match": "*" } });
+  const done: WriteResult["message"] | undefined = deleted.data?.message;
+  if (done === "deleted") await restoreButton({ path: { id } });
+  // A create whose answer was lost: look for it among the newest buttons by its orderRef.
+  const page = await listButtons({ query: { paymentMethod: "Stripe", isLive: false, state: "all", limit: 20 } });
+  return (page.data?.data.items ?? []).filter((b) => b.metadata["orderRef"] === "A-17");
 }
 EOF
 
@@ -85,13 +87,19 @@ export async function lifecycle(): Promise<components["schemas"]["Button"][]> {
       paymentType: "subscription", billingInterval: "Monthly", isLive: true },
   });
   const id: string = created.data?.data ?? "";
-  await api.POST("/product-payment/update/{id}", {
+  const updated = await api.POST("/product-payment/update/{id}", {
     params: { path: { id }, header: { "If-Match": '"1"' } }, body: { description: null, metadata: { team: "web" } },
   });
-  const history = await api.GET("/product-payment/history/{id}", { params: { path: { id }, query: { after: 0, limit: 2 } } });
-  const last: number = history.data?.data.next ?? 0;
+  const etag: string = updated.response.headers.get("ETag") ?? "*";
+  const deleted = await api.DELETE("/product-payment/delete/{id}", { params: { path: { id }, header: { "If-Match": etag } } });
+  const code: components["schemas"]["ErrorCode"] | undefined = deleted.error?.code;
+  // A delete sent again is wrong_state: the button is deleted either way.
+  if (deleted.data?.message === "deleted" || code === "wrong_state") {
+    await api.POST("/product-payment/restore/{id}", { params: { path: { id } } });
+  }
+  const got = await api.GET("/product-payment/get/{id}", { params: { path: { id } } });
   const page = await api.GET("/product-payment/list", {
-    params: { query: { paymentMethod: "the service", isLive: true, state: "all", limit: last > 0 ? 2 : 20 } },
+    params: { query: { paymentMethod: got.data?.data.paymentMethod, isLive: true, state: "all", limit: 2 } },
   });
   return page.data?.data.items ?? [];
 }

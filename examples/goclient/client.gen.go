@@ -122,15 +122,12 @@ func (e ButtonState) Valid() bool {
 // Defines values for ErrorCode.
 const (
 	ErrorCodeForbidden            ErrorCode = "forbidden"
-	ErrorCodeIdempotencyInFlight  ErrorCode = "idempotency_in_flight"
-	ErrorCodeIdempotencyMismatch  ErrorCode = "idempotency_mismatch"
 	ErrorCodeInternal             ErrorCode = "internal"
 	ErrorCodeInvalidRequest       ErrorCode = "invalid_request"
 	ErrorCodeMethodNotAllowed     ErrorCode = "method_not_allowed"
 	ErrorCodeNotFound             ErrorCode = "not_found"
 	ErrorCodePayloadTooLarge      ErrorCode = "payload_too_large"
 	ErrorCodePreconditionFailed   ErrorCode = "precondition_failed"
-	ErrorCodeRateLimited          ErrorCode = "rate_limited"
 	ErrorCodeUnauthorized         ErrorCode = "unauthorized"
 	ErrorCodeUnavailable          ErrorCode = "unavailable"
 	ErrorCodeUnsupportedMediaType ErrorCode = "unsupported_media_type"
@@ -141,10 +138,6 @@ const (
 func (e ErrorCode) Valid() bool {
 	switch e {
 	case ErrorCodeForbidden:
-		return true
-	case ErrorCodeIdempotencyInFlight:
-		return true
-	case ErrorCodeIdempotencyMismatch:
 		return true
 	case ErrorCodeInternal:
 		return true
@@ -157,8 +150,6 @@ func (e ErrorCode) Valid() bool {
 	case ErrorCodePayloadTooLarge:
 		return true
 	case ErrorCodePreconditionFailed:
-		return true
-	case ErrorCodeRateLimited:
 		return true
 	case ErrorCodeUnauthorized:
 		return true
@@ -242,60 +233,6 @@ const (
 func (e HealthResultMessage) Valid() bool {
 	switch e {
 	case TheDatabaseAnswers:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for HistoryEntryAction.
-const (
-	Create  HistoryEntryAction = "create"
-	Delete  HistoryEntryAction = "delete"
-	Restore HistoryEntryAction = "restore"
-	Update  HistoryEntryAction = "update"
-)
-
-// Valid indicates whether the value is a known member of the HistoryEntryAction enum.
-func (e HistoryEntryAction) Valid() bool {
-	switch e {
-	case Create:
-		return true
-	case Delete:
-		return true
-	case Restore:
-		return true
-	case Update:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for HistoryResultIsSuccess.
-const (
-	HistoryResultIsSuccessTrue HistoryResultIsSuccess = true
-)
-
-// Valid indicates whether the value is a known member of the HistoryResultIsSuccess enum.
-func (e HistoryResultIsSuccess) Valid() bool {
-	switch e {
-	case HistoryResultIsSuccessTrue:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for HistoryResultMessage.
-const (
-	HistoryResultMessageOk HistoryResultMessage = "ok"
-)
-
-// Valid indicates whether the value is a known member of the HistoryResultMessage enum.
-func (e HistoryResultMessage) Valid() bool {
-	switch e {
-	case HistoryResultMessageOk:
 		return true
 	default:
 		return false
@@ -619,14 +556,11 @@ type Description = string
 // * `not_found` (404): no such button for this account, or no such path.
 // * `method_not_allowed` (405): a known path with another method; see `Allow`.
 // * `wrong_state` (409): update or delete of a deleted button, restore of an active one.
-// * `idempotency_in_flight` (409): the first request with this `Idempotency-Key` still runs.
 // * `precondition_failed` (412): `If-Match` does not match the button's version.
 // * `payload_too_large` (413): a body over 64 KiB.
 // * `unsupported_media_type` (415): a `Content-Type` that is not JSON.
-// * `idempotency_mismatch` (422): the `Idempotency-Key` was used with another request.
-// * `rate_limited` (429): too many requests; see `Retry-After`.
 // * `internal` (500): a bug; the log has the details under the request id.
-// * `unavailable` (503): the database is busy or refuses writes, or the disk is full; see `Retry-After`.
+// * `unavailable` (503): a write waited 5 s for its turn, or the disk is full, or (on `/healthz`) the database does not answer; see `Retry-After`.
 type ErrorCode string
 
 // ErrorEnvelope Every error but `invalid_request`.
@@ -639,14 +573,11 @@ type ErrorEnvelope struct {
 	// * `not_found` (404): no such button for this account, or no such path.
 	// * `method_not_allowed` (405): a known path with another method; see `Allow`.
 	// * `wrong_state` (409): update or delete of a deleted button, restore of an active one.
-	// * `idempotency_in_flight` (409): the first request with this `Idempotency-Key` still runs.
 	// * `precondition_failed` (412): `If-Match` does not match the button's version.
 	// * `payload_too_large` (413): a body over 64 KiB.
 	// * `unsupported_media_type` (415): a `Content-Type` that is not JSON.
-	// * `idempotency_mismatch` (422): the `Idempotency-Key` was used with another request.
-	// * `rate_limited` (429): too many requests; see `Retry-After`.
 	// * `internal` (500): a bug; the log has the details under the request id.
-	// * `unavailable` (503): the database is busy or refuses writes, or the disk is full; see `Retry-After`.
+	// * `unavailable` (503): a write waited 5 s for its turn, or the disk is full, or (on `/healthz`) the database does not answer; see `Retry-After`.
 	Code      ErrorCode              `json:"code"`
 	Data      ErrorEnvelopeData      `json:"data"`
 	IsSuccess ErrorEnvelopeIsSuccess `json:"isSuccess"`
@@ -661,12 +592,6 @@ type ErrorEnvelopeIsSuccess bool
 
 // FeePercentage The application fee in percent (note the capital A in `ApplicationFeePercentage`), a decimal in a JSON string: 0.01 to 100, at most 2 decimal places (trailing zeros are fine). Required with `StripeConnect`, refused with any other payment method (leave it out or send `null`). The server also reads a JSON number from its text, never through a float, but clients should send a string: this document declares strings only.
 type FeePercentage = string
-
-// FlagChange defines model for FlagChange.
-type FlagChange struct {
-	From *bool `json:"from"`
-	To   bool  `json:"to"`
-}
 
 // HealthResult `{"isSuccess":true,"data":"ok","message":"the database answers"}`
 type HealthResult struct {
@@ -683,61 +608,6 @@ type HealthResultIsSuccess bool
 
 // HealthResultMessage defines model for HealthResult.Message.
 type HealthResultMessage string
-
-// HistoryChanges Each field the change made differ, by its name in `Button` (`productName`, `description`, `amount`, `currency`, `billingInterval`, `paymentMethod`, `paymentType`, `isLive`, `ApplicationFeePercentage`, `state`), and each metadata key that changed as `metadata.KEY`, from before to after as get shows them. On create `from` is `null` and fields left `null` are not listed.
-type HistoryChanges struct {
-	IsLive               *FlagChange           `json:"isLive,omitempty"`
-	AdditionalProperties map[string]TextChange `json:"-"`
-}
-
-// HistoryEntry defines model for HistoryEntry.
-type HistoryEntry struct {
-	Action HistoryEntryAction `json:"action"`
-
-	// At RFC 3339 in UTC, with milliseconds.
-	//
-	// Examples: 2026-11-24T17:04:49.429Z
-	At Timestamp `json:"at"`
-
-	// Changes Each field the change made differ, by its name in `Button` (`productName`, `description`, `amount`, `currency`, `billingInterval`, `paymentMethod`, `paymentType`, `isLive`, `ApplicationFeePercentage`, `state`), and each metadata key that changed as `metadata.KEY`, from before to after as get shows them. On create `from` is `null` and fields left `null` are not listed.
-	Changes HistoryChanges `json:"changes"`
-
-	// KeyId The id of the API key that made the change (never the key).
-	KeyId string `json:"keyId"`
-
-	// RequestId The `X-Request-Id` of the request that made it.
-	RequestId string `json:"requestId"`
-
-	// Version The version this change made: 1 for the create.
-	Version int64 `json:"version"`
-}
-
-// HistoryEntryAction defines model for HistoryEntry.Action.
-type HistoryEntryAction string
-
-// HistoryPage defines model for HistoryPage.
-type HistoryPage struct {
-	HasMore bool `json:"hasMore"`
-
-	// Items Oldest first.
-	Items []HistoryEntry `json:"items"`
-
-	// Next The `after` of the next page (the last item's `version`); `null` when `hasMore` is false.
-	Next *int64 `json:"next"`
-}
-
-// HistoryResult One page of a button's history.
-type HistoryResult struct {
-	Data      HistoryPage            `json:"data"`
-	IsSuccess HistoryResultIsSuccess `json:"isSuccess"`
-	Message   HistoryResultMessage   `json:"message"`
-}
-
-// HistoryResultIsSuccess defines model for HistoryResult.IsSuccess.
-type HistoryResultIsSuccess bool
-
-// HistoryResultMessage defines model for HistoryResult.Message.
-type HistoryResultMessage string
 
 // InvalidRequestEnvelope defines model for InvalidRequestEnvelope.
 type InvalidRequestEnvelope struct {
@@ -776,24 +646,20 @@ type PaymentType string
 // ProductName 1 to 250 characters once leading and trailing white space is trimmed (the trimmed text is stored); no control characters.
 type ProductName = string
 
-// TextChange defines model for TextChange.
-type TextChange struct {
-	From *string `json:"from"`
-	To   *string `json:"to"`
-}
-
 // Timestamp RFC 3339 in UTC, with milliseconds.
 //
 // Examples: 2026-11-24T17:04:49.429Z
 type Timestamp = time.Time
 
-// UpdateButtonRequest The fields to change, with the rules of create; at least one must be given. A field left out or `null` stays as it is, but `description`, which `null` or `""` clears. `metadata` merges key by key. `paymentMethod`, `paymentType`, `isLive` and `billingInterval` are fixed at create and cannot be changed by update. `ApplicationFeePercentage` only on a `StripeConnect` button. An update that changes no value answers `unchanged`.
+// UpdateButtonRequest The fields to change, with the rules of create; at least one must be given. A field left out or `null` stays as it is, but `description`, which `null` or `""` clears. `metadata` merges key by key. A new `currency` needs `amount` in the same update. `paymentMethod`, `paymentType`, `isLive` and `billingInterval` are fixed at create and cannot be changed by update. `ApplicationFeePercentage` only on a `StripeConnect` button. An update that changes no value answers `unchanged`.
 type UpdateButtonRequest struct {
 	// ApplicationFeePercentage The application fee in percent (note the capital A in `ApplicationFeePercentage`), a decimal in a JSON string: 0.01 to 100, at most 2 decimal places (trailing zeros are fine). Required with `StripeConnect`, refused with any other payment method (leave it out or send `null`). The server also reads a JSON number from its text, never through a float, but clients should send a string: this document declares strings only.
 	ApplicationFeePercentage *FeePercentage `json:"ApplicationFeePercentage,omitempty"`
 
 	// Amount An `Amount`, a string (the server also reads a JSON number).
-	Amount   *string `json:"amount,omitempty"`
+	Amount *string `json:"amount,omitempty"`
+
+	// Currency A `Currency`; changing it needs `amount` too, in the new currency.
 	Currency *string `json:"currency,omitempty"`
 
 	// Description Up to 5000 characters; tab, line feed and carriage return are the only control characters allowed. `null` or `""` means none.
@@ -824,15 +690,6 @@ type WriteResultMessage string
 //
 // Examples: btn_01KKNTQ2CN4TFF59TDWH9EDD1R
 type After = ButtonId
-
-// HistoryAfter defines model for HistoryAfter.
-type HistoryAfter = int64
-
-// HistoryLimit defines model for HistoryLimit.
-type HistoryLimit = int
-
-// IdempotencyKey defines model for IdempotencyKey.
-type IdempotencyKey = string
 
 // IfMatch defines model for IfMatch.
 type IfMatch = string
@@ -870,12 +727,6 @@ type Forbidden = ErrorEnvelope
 // Healthy `{"isSuccess":true,"data":"ok","message":"the database answers"}`
 type Healthy = HealthResult
 
-// HistoryFound One page of a button's history.
-type HistoryFound = HistoryResult
-
-// IdempotencyMismatch Every error but `invalid_request`.
-type IdempotencyMismatch = ErrorEnvelope
-
 // Internal Every error but `invalid_request`.
 type Internal = ErrorEnvelope
 
@@ -897,9 +748,6 @@ type PayloadTooLarge = ErrorEnvelope
 // PreconditionFailed Every error but `invalid_request`.
 type PreconditionFailed = ErrorEnvelope
 
-// RateLimited Every error but `invalid_request`.
-type RateLimited = ErrorEnvelope
-
 // Unauthorized Every error but `invalid_request`.
 type Unauthorized = ErrorEnvelope
 
@@ -912,28 +760,10 @@ type UnsupportedMediaType = ErrorEnvelope
 // Written The answer to a write: the button's id and what was done; create answers `created`, update `updated` or `unchanged`, delete `deleted`, restore `restored`.
 type Written = WriteResult
 
-// CreateButtonParams defines parameters for CreateButton.
-type CreateButtonParams struct {
-	// IdempotencyKey Makes a retry safe: the same key with the same request gets the first answer again for 24 hours. 1 to 255 printable ASCII characters; keys are per account.
-	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
-}
-
 // DeleteButtonParams defines parameters for DeleteButton.
 type DeleteButtonParams struct {
-	// IfMatch The `ETag` of get or of the last write, `"<version>"` such as `"3"`, or `*` for any version. Any other form (a bare number, `W/"3"`, a list) is a 400.
+	// IfMatch The `ETag` of get or of the last write, `"<version>"` such as `"3"`, or `*` for any version. Any other form (a bare number, `"0"`, a leading zero, `W/"3"`, a list) is a 400.
 	IfMatch *IfMatch `json:"If-Match,omitempty"`
-
-	// IdempotencyKey Makes a retry safe: the same key with the same request gets the first answer again for 24 hours. 1 to 255 printable ASCII characters; keys are per account.
-	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
-}
-
-// GetButtonHistoryParams defines parameters for GetButtonHistory.
-type GetButtonHistoryParams struct {
-	// Limit Page size.
-	Limit *HistoryLimit `form:"limit,omitempty" json:"limit,omitempty"`
-
-	// After The `next` of the previous page: the page starts after this version.
-	After *HistoryAfter `form:"after,omitempty" json:"after,omitempty"`
 }
 
 // ListButtonsParams defines parameters for ListButtons.
@@ -959,20 +789,14 @@ type ListButtonsParamsState string
 
 // RestoreButtonParams defines parameters for RestoreButton.
 type RestoreButtonParams struct {
-	// IfMatch The `ETag` of get or of the last write, `"<version>"` such as `"3"`, or `*` for any version. Any other form (a bare number, `W/"3"`, a list) is a 400.
+	// IfMatch The `ETag` of get or of the last write, `"<version>"` such as `"3"`, or `*` for any version. Any other form (a bare number, `"0"`, a leading zero, `W/"3"`, a list) is a 400.
 	IfMatch *IfMatch `json:"If-Match,omitempty"`
-
-	// IdempotencyKey Makes a retry safe: the same key with the same request gets the first answer again for 24 hours. 1 to 255 printable ASCII characters; keys are per account.
-	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
 // UpdateButtonParams defines parameters for UpdateButton.
 type UpdateButtonParams struct {
-	// IfMatch The `ETag` of get or of the last write, `"<version>"` such as `"3"`, or `*` for any version. Any other form (a bare number, `W/"3"`, a list) is a 400.
+	// IfMatch The `ETag` of get or of the last write, `"<version>"` such as `"3"`, or `*` for any version. Any other form (a bare number, `"0"`, a leading zero, `W/"3"`, a list) is a 400.
 	IfMatch *IfMatch `json:"If-Match,omitempty"`
-
-	// IdempotencyKey Makes a retry safe: the same key with the same request gets the first answer again for 24 hours. 1 to 255 printable ASCII characters; keys are per account.
-	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
 // CreateButtonJSONRequestBody defines body for CreateButton for application/json ContentType.
@@ -980,74 +804,6 @@ type CreateButtonJSONRequestBody = CreateButtonRequest
 
 // UpdateButtonJSONRequestBody defines body for UpdateButton for application/json ContentType.
 type UpdateButtonJSONRequestBody = UpdateButtonRequest
-
-// Getter for additional properties for HistoryChanges. Returns the specified
-// element and whether it was found
-func (a HistoryChanges) Get(fieldName string) (value TextChange, found bool) {
-	if a.AdditionalProperties != nil {
-		value, found = a.AdditionalProperties[fieldName]
-	}
-	return
-}
-
-// Setter for additional properties for HistoryChanges
-func (a *HistoryChanges) Set(fieldName string, value TextChange) {
-	if a.AdditionalProperties == nil {
-		a.AdditionalProperties = make(map[string]TextChange)
-	}
-	a.AdditionalProperties[fieldName] = value
-}
-
-// Override default JSON handling for HistoryChanges to handle AdditionalProperties
-func (a *HistoryChanges) UnmarshalJSON(b []byte) error {
-	object := make(map[string]json.RawMessage)
-	err := json.Unmarshal(b, &object)
-	if err != nil {
-		return err
-	}
-
-	if raw, found := object["isLive"]; found {
-		err = json.Unmarshal(raw, &a.IsLive)
-		if err != nil {
-			return fmt.Errorf("error reading 'isLive': %w", err)
-		}
-		delete(object, "isLive")
-	}
-
-	if len(object) != 0 {
-		a.AdditionalProperties = make(map[string]TextChange)
-		for fieldName, fieldBuf := range object {
-			var fieldVal TextChange
-			err := json.Unmarshal(fieldBuf, &fieldVal)
-			if err != nil {
-				return fmt.Errorf("error unmarshaling field %s: %w", fieldName, err)
-			}
-			a.AdditionalProperties[fieldName] = fieldVal
-		}
-	}
-	return nil
-}
-
-// Override default JSON handling for HistoryChanges to handle AdditionalProperties
-func (a HistoryChanges) MarshalJSON() ([]byte, error) {
-	var err error
-	object := make(map[string]json.RawMessage)
-
-	if a.IsLive != nil {
-		object["isLive"], err = json.Marshal(a.IsLive)
-		if err != nil {
-			return nil, fmt.Errorf("error marshaling 'isLive': %w", err)
-		}
-	}
-
-	for fieldName, field := range a.AdditionalProperties {
-		object[fieldName], err = json.Marshal(field)
-		if err != nil {
-			return nil, fmt.Errorf("error marshaling '%s': %w", fieldName, err)
-		}
-	}
-	return json.Marshal(object)
-}
 
 // RequestEditorFn is the function signature for the RequestEditor callback function
 type RequestEditorFn func(ctx context.Context, req *http.Request) error
@@ -1125,7 +881,7 @@ type ClientInterface interface {
 
 	// GetHealth Health check
 	//
-	// 200 when the database answers a query, else 503. Needs no key and is not rate-limited.
+	// 200 when the database answers a query, else 503. Needs no key.
 	//
 	// Corresponds with GET /healthz (the `GetHealth` operationId).
 	GetHealth(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1139,21 +895,21 @@ type ClientInterface interface {
 
 	// CreateButtonWithBody Create a button
 	//
-	// Stores a new button for the key's account and answers with its id.
+	// Stores a new button for the key's account and answers with its id. Retries are the client's job: the server keeps no answers to replay. After a create whose answer was lost, list the newest buttons before sending it again; a reference of your own in `metadata` recognises the button. Sent again, the other writes tell what happened: an update already applied answers `unchanged`; a delete or restore already done is `409 wrong_state`; with the first try's `If-Match`, any of them already applied is `412 precondition_failed`.
 	//
 	// Takes any type of body and a specified content type.
 	//
 	// Corresponds with POST /product-payment/create (the `CreateButton` operationId).
-	CreateButtonWithBody(ctx context.Context, params *CreateButtonParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+	CreateButtonWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// CreateButton Create a button
 	//
-	// Stores a new button for the key's account and answers with its id.
+	// Stores a new button for the key's account and answers with its id. Retries are the client's job: the server keeps no answers to replay. After a create whose answer was lost, list the newest buttons before sending it again; a reference of your own in `metadata` recognises the button. Sent again, the other writes tell what happened: an update already applied answers `unchanged`; a delete or restore already done is `409 wrong_state`; with the first try's `If-Match`, any of them already applied is `412 precondition_failed`.
 	//
 	// Takes a body of the `application/json` content type.
 	//
 	// Corresponds with POST /product-payment/create (the `CreateButton` operationId).
-	CreateButton(ctx context.Context, params *CreateButtonParams, body CreateButtonJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+	CreateButton(ctx context.Context, body CreateButtonJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// DeleteButton Delete a button
 	//
@@ -1168,13 +924,6 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /product-payment/get/{id} (the `GetButton` operationId).
 	GetButton(ctx context.Context, id PathId, reqEditors ...RequestEditorFn) (*http.Response, error)
-
-	// GetButtonHistory Read a button's history
-	//
-	// Every change made to the button, oldest first, a page at a time, with the key and request that made it. Refused requests and `unchanged` updates leave no entry.
-	//
-	// Corresponds with GET /product-payment/history/{id} (the `GetButtonHistory` operationId).
-	GetButtonHistory(ctx context.Context, id PathId, params *GetButtonHistoryParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListButtons List buttons
 	//
@@ -1211,7 +960,7 @@ type ClientInterface interface {
 
 // GetHealth Health check
 //
-// 200 when the database answers a query, else 503. Needs no key and is not rate-limited.
+// 200 when the database answers a query, else 503. Needs no key.
 //
 // Corresponds with GET /healthz (the `GetHealth` operationId).
 func (c *Client) GetHealth(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -1245,13 +994,13 @@ func (c *Client) GetOpenAPIDocument(ctx context.Context, reqEditors ...RequestEd
 
 // CreateButtonWithBody Create a button
 //
-// Stores a new button for the key's account and answers with its id.
+// Stores a new button for the key's account and answers with its id. Retries are the client's job: the server keeps no answers to replay. After a create whose answer was lost, list the newest buttons before sending it again; a reference of your own in `metadata` recognises the button. Sent again, the other writes tell what happened: an update already applied answers `unchanged`; a delete or restore already done is `409 wrong_state`; with the first try's `If-Match`, any of them already applied is `412 precondition_failed`.
 //
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /product-payment/create (the `CreateButton` operationId).
-func (c *Client) CreateButtonWithBody(ctx context.Context, params *CreateButtonParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewCreateButtonRequestWithBody(c.Server, params, contentType, body)
+func (c *Client) CreateButtonWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateButtonRequestWithBody(c.Server, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -1264,13 +1013,13 @@ func (c *Client) CreateButtonWithBody(ctx context.Context, params *CreateButtonP
 
 // CreateButton Create a button
 //
-// Stores a new button for the key's account and answers with its id.
+// Stores a new button for the key's account and answers with its id. Retries are the client's job: the server keeps no answers to replay. After a create whose answer was lost, list the newest buttons before sending it again; a reference of your own in `metadata` recognises the button. Sent again, the other writes tell what happened: an update already applied answers `unchanged`; a delete or restore already done is `409 wrong_state`; with the first try's `If-Match`, any of them already applied is `412 precondition_failed`.
 //
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with POST /product-payment/create (the `CreateButton` operationId).
-func (c *Client) CreateButton(ctx context.Context, params *CreateButtonParams, body CreateButtonJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewCreateButtonRequest(c.Server, params, body)
+func (c *Client) CreateButton(ctx context.Context, body CreateButtonJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateButtonRequest(c.Server, body)
 	if err != nil {
 		return nil, err
 	}
@@ -1305,23 +1054,6 @@ func (c *Client) DeleteButton(ctx context.Context, id PathId, params *DeleteButt
 // Corresponds with GET /product-payment/get/{id} (the `GetButton` operationId).
 func (c *Client) GetButton(ctx context.Context, id PathId, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetButtonRequest(c.Server, id)
-	if err != nil {
-		return nil, err
-	}
-	req = req.WithContext(ctx)
-	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
-		return nil, err
-	}
-	return c.Client.Do(req)
-}
-
-// GetButtonHistory Read a button's history
-//
-// Every change made to the button, oldest first, a page at a time, with the key and request that made it. Refused requests and `unchanged` updates leave no entry.
-//
-// Corresponds with GET /product-payment/history/{id} (the `GetButtonHistory` operationId).
-func (c *Client) GetButtonHistory(ctx context.Context, id PathId, params *GetButtonHistoryParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewGetButtonHistoryRequest(c.Server, id, params)
 	if err != nil {
 		return nil, err
 	}
@@ -1459,18 +1191,18 @@ func NewGetOpenAPIDocumentRequest(server string) (*http.Request, error) {
 }
 
 // NewCreateButtonRequest calls the generic CreateButton builder with application/json body
-func NewCreateButtonRequest(server string, params *CreateButtonParams, body CreateButtonJSONRequestBody) (*http.Request, error) {
+func NewCreateButtonRequest(server string, body CreateButtonJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}
 	bodyReader = bytes.NewReader(buf)
-	return NewCreateButtonRequestWithBody(server, params, "application/json", bodyReader)
+	return NewCreateButtonRequestWithBody(server, "application/json", bodyReader)
 }
 
 // NewCreateButtonRequestWithBody constructs an http.Request for the CreateButton method, with any body, and a specified content type
-func NewCreateButtonRequestWithBody(server string, params *CreateButtonParams, contentType string, body io.Reader) (*http.Request, error) {
+func NewCreateButtonRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
 	var err error
 
 	serverURL, err := url.Parse(server)
@@ -1494,21 +1226,6 @@ func NewCreateButtonRequestWithBody(server string, params *CreateButtonParams, c
 	}
 
 	req.Header.Add("Content-Type", contentType)
-
-	if params != nil {
-
-		if params.IdempotencyKey != nil {
-			var headerParam0 string
-
-			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("Idempotency-Key", headerParam0)
-		}
-
-	}
 
 	return req, nil
 }
@@ -1557,17 +1274,6 @@ func NewDeleteButtonRequest(server string, id PathId, params *DeleteButtonParams
 			req.Header.Set("If-Match", headerParam0)
 		}
 
-		if params.IdempotencyKey != nil {
-			var headerParam1 string
-
-			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("Idempotency-Key", headerParam1)
-		}
-
 	}
 
 	return req, nil
@@ -1597,79 +1303,6 @@ func NewGetButtonRequest(server string, id PathId) (*http.Request, error) {
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
-	}
-
-	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
-	if err != nil {
-		return nil, err
-	}
-
-	return req, nil
-}
-
-// NewGetButtonHistoryRequest constructs an http.Request for the GetButtonHistory method
-func NewGetButtonHistoryRequest(server string, id PathId, params *GetButtonHistoryParams) (*http.Request, error) {
-	var err error
-
-	var pathParam0 string
-
-	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
-	if err != nil {
-		return nil, err
-	}
-
-	serverURL, err := url.Parse(server)
-	if err != nil {
-		return nil, err
-	}
-
-	operationPath := fmt.Sprintf("/product-payment/history/%s", pathParam0)
-	if operationPath[0] == '/' {
-		operationPath = "." + operationPath
-	}
-
-	queryURL, err := serverURL.Parse(operationPath)
-	if err != nil {
-		return nil, err
-	}
-
-	if params != nil {
-		// queryValues collects non-styled parameters (passthrough, JSON)
-		// that are safe to round-trip through url.Values.Encode().
-		queryValues := queryURL.Query()
-		// rawQueryFragments collects pre-encoded query fragments from
-		// styled parameters, preserving literal commas as delimiters
-		// per the OpenAPI spec (e.g. "color=blue,black,brown").
-		var rawQueryFragments []string
-
-		if params.Limit != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
-			}
-
-		}
-
-		if params.After != nil {
-
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "after", *params.After, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: "int64"}); err != nil {
-				return nil, err
-			} else {
-				for _, qp := range strings.Split(queryFrag, "&") {
-					rawQueryFragments = append(rawQueryFragments, qp)
-				}
-			}
-
-		}
-
-		if encoded := queryValues.Encode(); encoded != "" {
-			rawQueryFragments = append(rawQueryFragments, encoded)
-		}
-		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
@@ -1826,17 +1459,6 @@ func NewRestoreButtonRequest(server string, id PathId, params *RestoreButtonPara
 			req.Header.Set("If-Match", headerParam0)
 		}
 
-		if params.IdempotencyKey != nil {
-			var headerParam1 string
-
-			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("Idempotency-Key", headerParam1)
-		}
-
 	}
 
 	return req, nil
@@ -1899,17 +1521,6 @@ func NewUpdateButtonRequestWithBody(server string, id PathId, params *UpdateButt
 			req.Header.Set("If-Match", headerParam0)
 		}
 
-		if params.IdempotencyKey != nil {
-			var headerParam1 string
-
-			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
-			if err != nil {
-				return nil, err
-			}
-
-			req.Header.Set("Idempotency-Key", headerParam1)
-		}
-
 	}
 
 	return req, nil
@@ -1961,7 +1572,7 @@ type ClientWithResponsesInterface interface {
 
 	// GetHealthWithResponse Health check
 	//
-	// 200 when the database answers a query, else 503. Needs no key and is not rate-limited.
+	// 200 when the database answers a query, else 503. Needs no key.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -1979,21 +1590,21 @@ type ClientWithResponsesInterface interface {
 
 	// CreateButtonWithBodyWithResponse Create a button
 	//
-	// Stores a new button for the key's account and answers with its id.
+	// Stores a new button for the key's account and answers with its id. Retries are the client's job: the server keeps no answers to replay. After a create whose answer was lost, list the newest buttons before sending it again; a reference of your own in `metadata` recognises the button. Sent again, the other writes tell what happened: an update already applied answers `unchanged`; a delete or restore already done is `409 wrong_state`; with the first try's `If-Match`, any of them already applied is `412 precondition_failed`.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /product-payment/create (the `CreateButton` operationId).
-	CreateButtonWithBodyWithResponse(ctx context.Context, params *CreateButtonParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateButtonResponse, error)
+	CreateButtonWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateButtonResponse, error)
 
 	// CreateButtonWithResponse Create a button
 	//
-	// Stores a new button for the key's account and answers with its id.
+	// Stores a new button for the key's account and answers with its id. Retries are the client's job: the server keeps no answers to replay. After a create whose answer was lost, list the newest buttons before sending it again; a reference of your own in `metadata` recognises the button. Sent again, the other writes tell what happened: an update already applied answers `unchanged`; a delete or restore already done is `409 wrong_state`; with the first try's `If-Match`, any of them already applied is `412 precondition_failed`.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /product-payment/create (the `CreateButton` operationId).
-	CreateButtonWithResponse(ctx context.Context, params *CreateButtonParams, body CreateButtonJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateButtonResponse, error)
+	CreateButtonWithResponse(ctx context.Context, body CreateButtonJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateButtonResponse, error)
 
 	// DeleteButtonWithResponse Delete a button
 	//
@@ -2012,15 +1623,6 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /product-payment/get/{id} (the `GetButton` operationId).
 	GetButtonWithResponse(ctx context.Context, id PathId, reqEditors ...RequestEditorFn) (*GetButtonResponse, error)
-
-	// GetButtonHistoryWithResponse Read a button's history
-	//
-	// Every change made to the button, oldest first, a page at a time, with the key and request that made it. Refused requests and `unchanged` updates leave no entry.
-	//
-	// Returns a wrapper object for the known response body format(s).
-	//
-	// Corresponds with GET /product-payment/history/{id} (the `GetButtonHistory` operationId).
-	GetButtonHistoryWithResponse(ctx context.Context, id PathId, params *GetButtonHistoryParams, reqEditors ...RequestEditorFn) (*GetButtonHistoryResponse, error)
 
 	// ListButtonsWithResponse List buttons
 	//
@@ -2199,18 +1801,12 @@ func (r GetOpenAPIDocumentResponse) ContentType() string {
 
 // CreateButtonResponse200Headers the declared response headers of an HTTP 200 response for CreateButton
 type CreateButtonResponse200Headers struct {
-	ETag               string
-	IdempotentReplayed *string
+	ETag string
 }
 
 // CreateButtonResponse405Headers the declared response headers of an HTTP 405 response for CreateButton
 type CreateButtonResponse405Headers struct {
 	Allow string
-}
-
-// CreateButtonResponse429Headers the declared response headers of an HTTP 429 response for CreateButton
-type CreateButtonResponse429Headers struct {
-	RetryAfter int
 }
 
 // CreateButtonResponse503Headers the declared response headers of an HTTP 503 response for CreateButton
@@ -2237,10 +1833,6 @@ type CreateButtonResponse struct {
 	JSON413 *PayloadTooLarge
 	// JSON415 the response for an HTTP 415 `application/json` response
 	JSON415 *UnsupportedMediaType
-	// JSON422 the response for an HTTP 422 `application/json` response
-	JSON422 *IdempotencyMismatch
-	// JSON429 the response for an HTTP 429 `application/json` response
-	JSON429 *RateLimited
 	// JSON500 the response for an HTTP 500 `application/json` response
 	JSON500 *Internal
 	// JSON503 the response for an HTTP 503 `application/json` response
@@ -2249,8 +1841,6 @@ type CreateButtonResponse struct {
 	Headers200 *CreateButtonResponse200Headers
 	// Headers405 the parsed response headers for an HTTP 405 response
 	Headers405 *CreateButtonResponse405Headers
-	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *CreateButtonResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *CreateButtonResponse503Headers
 }
@@ -2295,16 +1885,6 @@ func (r CreateButtonResponse) GetJSON415() *UnsupportedMediaType {
 	return r.JSON415
 }
 
-// GetJSON422 returns the response for an HTTP 422 `application/json` response
-func (r CreateButtonResponse) GetJSON422() *IdempotencyMismatch {
-	return r.JSON422
-}
-
-// GetJSON429 returns the response for an HTTP 429 `application/json` response
-func (r CreateButtonResponse) GetJSON429() *RateLimited {
-	return r.JSON429
-}
-
 // GetJSON500 returns the response for an HTTP 500 `application/json` response
 func (r CreateButtonResponse) GetJSON500() *Internal {
 	return r.JSON500
@@ -2346,18 +1926,12 @@ func (r CreateButtonResponse) ContentType() string {
 
 // DeleteButtonResponse200Headers the declared response headers of an HTTP 200 response for DeleteButton
 type DeleteButtonResponse200Headers struct {
-	ETag               string
-	IdempotentReplayed *string
+	ETag string
 }
 
 // DeleteButtonResponse405Headers the declared response headers of an HTTP 405 response for DeleteButton
 type DeleteButtonResponse405Headers struct {
 	Allow string
-}
-
-// DeleteButtonResponse429Headers the declared response headers of an HTTP 429 response for DeleteButton
-type DeleteButtonResponse429Headers struct {
-	RetryAfter int
 }
 
 // DeleteButtonResponse503Headers the declared response headers of an HTTP 503 response for DeleteButton
@@ -2384,10 +1958,6 @@ type DeleteButtonResponse struct {
 	JSON409 *Conflict
 	// JSON412 the response for an HTTP 412 `application/json` response
 	JSON412 *PreconditionFailed
-	// JSON422 the response for an HTTP 422 `application/json` response
-	JSON422 *IdempotencyMismatch
-	// JSON429 the response for an HTTP 429 `application/json` response
-	JSON429 *RateLimited
 	// JSON500 the response for an HTTP 500 `application/json` response
 	JSON500 *Internal
 	// JSON503 the response for an HTTP 503 `application/json` response
@@ -2396,8 +1966,6 @@ type DeleteButtonResponse struct {
 	Headers200 *DeleteButtonResponse200Headers
 	// Headers405 the parsed response headers for an HTTP 405 response
 	Headers405 *DeleteButtonResponse405Headers
-	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *DeleteButtonResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *DeleteButtonResponse503Headers
 }
@@ -2440,16 +2008,6 @@ func (r DeleteButtonResponse) GetJSON409() *Conflict {
 // GetJSON412 returns the response for an HTTP 412 `application/json` response
 func (r DeleteButtonResponse) GetJSON412() *PreconditionFailed {
 	return r.JSON412
-}
-
-// GetJSON422 returns the response for an HTTP 422 `application/json` response
-func (r DeleteButtonResponse) GetJSON422() *IdempotencyMismatch {
-	return r.JSON422
-}
-
-// GetJSON429 returns the response for an HTTP 429 `application/json` response
-func (r DeleteButtonResponse) GetJSON429() *RateLimited {
-	return r.JSON429
 }
 
 // GetJSON500 returns the response for an HTTP 500 `application/json` response
@@ -2501,16 +2059,6 @@ type GetButtonResponse405Headers struct {
 	Allow string
 }
 
-// GetButtonResponse429Headers the declared response headers of an HTTP 429 response for GetButton
-type GetButtonResponse429Headers struct {
-	RetryAfter int
-}
-
-// GetButtonResponse503Headers the declared response headers of an HTTP 503 response for GetButton
-type GetButtonResponse503Headers struct {
-	RetryAfter int
-}
-
 type GetButtonResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -2522,20 +2070,12 @@ type GetButtonResponse struct {
 	JSON404 *NotFound
 	// JSON405 the response for an HTTP 405 `application/json` response
 	JSON405 *MethodNotAllowed
-	// JSON429 the response for an HTTP 429 `application/json` response
-	JSON429 *RateLimited
 	// JSON500 the response for an HTTP 500 `application/json` response
 	JSON500 *Internal
-	// JSON503 the response for an HTTP 503 `application/json` response
-	JSON503 *Unavailable
 	// Headers200 the parsed response headers for an HTTP 200 response
 	Headers200 *GetButtonResponse200Headers
 	// Headers405 the parsed response headers for an HTTP 405 response
 	Headers405 *GetButtonResponse405Headers
-	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *GetButtonResponse429Headers
-	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *GetButtonResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -2558,19 +2098,9 @@ func (r GetButtonResponse) GetJSON405() *MethodNotAllowed {
 	return r.JSON405
 }
 
-// GetJSON429 returns the response for an HTTP 429 `application/json` response
-func (r GetButtonResponse) GetJSON429() *RateLimited {
-	return r.JSON429
-}
-
 // GetJSON500 returns the response for an HTTP 500 `application/json` response
 func (r GetButtonResponse) GetJSON500() *Internal {
 	return r.JSON500
-}
-
-// GetJSON503 returns the response for an HTTP 503 `application/json` response
-func (r GetButtonResponse) GetJSON503() *Unavailable {
-	return r.JSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -2602,130 +2132,9 @@ func (r GetButtonResponse) ContentType() string {
 	return ""
 }
 
-// GetButtonHistoryResponse405Headers the declared response headers of an HTTP 405 response for GetButtonHistory
-type GetButtonHistoryResponse405Headers struct {
-	Allow string
-}
-
-// GetButtonHistoryResponse429Headers the declared response headers of an HTTP 429 response for GetButtonHistory
-type GetButtonHistoryResponse429Headers struct {
-	RetryAfter int
-}
-
-// GetButtonHistoryResponse503Headers the declared response headers of an HTTP 503 response for GetButtonHistory
-type GetButtonHistoryResponse503Headers struct {
-	RetryAfter int
-}
-
-type GetButtonHistoryResponse struct {
-	Body         []byte
-	HTTPResponse *http.Response
-	// JSON200 the response for an HTTP 200 `application/json` response
-	JSON200 *HistoryFound
-	// JSON400 the response for an HTTP 400 `application/json` response
-	JSON400 *InvalidQuery
-	// JSON401 the response for an HTTP 401 `application/json` response
-	JSON401 *Unauthorized
-	// JSON404 the response for an HTTP 404 `application/json` response
-	JSON404 *NotFound
-	// JSON405 the response for an HTTP 405 `application/json` response
-	JSON405 *MethodNotAllowed
-	// JSON429 the response for an HTTP 429 `application/json` response
-	JSON429 *RateLimited
-	// JSON500 the response for an HTTP 500 `application/json` response
-	JSON500 *Internal
-	// JSON503 the response for an HTTP 503 `application/json` response
-	JSON503 *Unavailable
-	// Headers405 the parsed response headers for an HTTP 405 response
-	Headers405 *GetButtonHistoryResponse405Headers
-	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *GetButtonHistoryResponse429Headers
-	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *GetButtonHistoryResponse503Headers
-}
-
-// GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r GetButtonHistoryResponse) GetJSON200() *HistoryFound {
-	return r.JSON200
-}
-
-// GetJSON400 returns the response for an HTTP 400 `application/json` response
-func (r GetButtonHistoryResponse) GetJSON400() *InvalidQuery {
-	return r.JSON400
-}
-
-// GetJSON401 returns the response for an HTTP 401 `application/json` response
-func (r GetButtonHistoryResponse) GetJSON401() *Unauthorized {
-	return r.JSON401
-}
-
-// GetJSON404 returns the response for an HTTP 404 `application/json` response
-func (r GetButtonHistoryResponse) GetJSON404() *NotFound {
-	return r.JSON404
-}
-
-// GetJSON405 returns the response for an HTTP 405 `application/json` response
-func (r GetButtonHistoryResponse) GetJSON405() *MethodNotAllowed {
-	return r.JSON405
-}
-
-// GetJSON429 returns the response for an HTTP 429 `application/json` response
-func (r GetButtonHistoryResponse) GetJSON429() *RateLimited {
-	return r.JSON429
-}
-
-// GetJSON500 returns the response for an HTTP 500 `application/json` response
-func (r GetButtonHistoryResponse) GetJSON500() *Internal {
-	return r.JSON500
-}
-
-// GetJSON503 returns the response for an HTTP 503 `application/json` response
-func (r GetButtonHistoryResponse) GetJSON503() *Unavailable {
-	return r.JSON503
-}
-
-// GetBody returns the raw response body bytes
-func (r GetButtonHistoryResponse) GetBody() []byte {
-	return r.Body
-}
-
-// Status returns HTTPResponse.Status
-func (r GetButtonHistoryResponse) Status() string {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.Status
-	}
-	return http.StatusText(0)
-}
-
-// StatusCode returns HTTPResponse.StatusCode
-func (r GetButtonHistoryResponse) StatusCode() int {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.StatusCode
-	}
-	return 0
-}
-
-// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r GetButtonHistoryResponse) ContentType() string {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.Header.Get("Content-Type")
-	}
-	return ""
-}
-
 // ListButtonsResponse405Headers the declared response headers of an HTTP 405 response for ListButtons
 type ListButtonsResponse405Headers struct {
 	Allow string
-}
-
-// ListButtonsResponse429Headers the declared response headers of an HTTP 429 response for ListButtons
-type ListButtonsResponse429Headers struct {
-	RetryAfter int
-}
-
-// ListButtonsResponse503Headers the declared response headers of an HTTP 503 response for ListButtons
-type ListButtonsResponse503Headers struct {
-	RetryAfter int
 }
 
 type ListButtonsResponse struct {
@@ -2739,18 +2148,10 @@ type ListButtonsResponse struct {
 	JSON401 *Unauthorized
 	// JSON405 the response for an HTTP 405 `application/json` response
 	JSON405 *MethodNotAllowed
-	// JSON429 the response for an HTTP 429 `application/json` response
-	JSON429 *RateLimited
 	// JSON500 the response for an HTTP 500 `application/json` response
 	JSON500 *Internal
-	// JSON503 the response for an HTTP 503 `application/json` response
-	JSON503 *Unavailable
 	// Headers405 the parsed response headers for an HTTP 405 response
 	Headers405 *ListButtonsResponse405Headers
-	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *ListButtonsResponse429Headers
-	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *ListButtonsResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -2773,19 +2174,9 @@ func (r ListButtonsResponse) GetJSON405() *MethodNotAllowed {
 	return r.JSON405
 }
 
-// GetJSON429 returns the response for an HTTP 429 `application/json` response
-func (r ListButtonsResponse) GetJSON429() *RateLimited {
-	return r.JSON429
-}
-
 // GetJSON500 returns the response for an HTTP 500 `application/json` response
 func (r ListButtonsResponse) GetJSON500() *Internal {
 	return r.JSON500
-}
-
-// GetJSON503 returns the response for an HTTP 503 `application/json` response
-func (r ListButtonsResponse) GetJSON503() *Unavailable {
-	return r.JSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -2819,18 +2210,12 @@ func (r ListButtonsResponse) ContentType() string {
 
 // RestoreButtonResponse200Headers the declared response headers of an HTTP 200 response for RestoreButton
 type RestoreButtonResponse200Headers struct {
-	ETag               string
-	IdempotentReplayed *string
+	ETag string
 }
 
 // RestoreButtonResponse405Headers the declared response headers of an HTTP 405 response for RestoreButton
 type RestoreButtonResponse405Headers struct {
 	Allow string
-}
-
-// RestoreButtonResponse429Headers the declared response headers of an HTTP 429 response for RestoreButton
-type RestoreButtonResponse429Headers struct {
-	RetryAfter int
 }
 
 // RestoreButtonResponse503Headers the declared response headers of an HTTP 503 response for RestoreButton
@@ -2857,10 +2242,6 @@ type RestoreButtonResponse struct {
 	JSON409 *Conflict
 	// JSON412 the response for an HTTP 412 `application/json` response
 	JSON412 *PreconditionFailed
-	// JSON422 the response for an HTTP 422 `application/json` response
-	JSON422 *IdempotencyMismatch
-	// JSON429 the response for an HTTP 429 `application/json` response
-	JSON429 *RateLimited
 	// JSON500 the response for an HTTP 500 `application/json` response
 	JSON500 *Internal
 	// JSON503 the response for an HTTP 503 `application/json` response
@@ -2869,8 +2250,6 @@ type RestoreButtonResponse struct {
 	Headers200 *RestoreButtonResponse200Headers
 	// Headers405 the parsed response headers for an HTTP 405 response
 	Headers405 *RestoreButtonResponse405Headers
-	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *RestoreButtonResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *RestoreButtonResponse503Headers
 }
@@ -2915,16 +2294,6 @@ func (r RestoreButtonResponse) GetJSON412() *PreconditionFailed {
 	return r.JSON412
 }
 
-// GetJSON422 returns the response for an HTTP 422 `application/json` response
-func (r RestoreButtonResponse) GetJSON422() *IdempotencyMismatch {
-	return r.JSON422
-}
-
-// GetJSON429 returns the response for an HTTP 429 `application/json` response
-func (r RestoreButtonResponse) GetJSON429() *RateLimited {
-	return r.JSON429
-}
-
 // GetJSON500 returns the response for an HTTP 500 `application/json` response
 func (r RestoreButtonResponse) GetJSON500() *Internal {
 	return r.JSON500
@@ -2966,18 +2335,12 @@ func (r RestoreButtonResponse) ContentType() string {
 
 // UpdateButtonResponse200Headers the declared response headers of an HTTP 200 response for UpdateButton
 type UpdateButtonResponse200Headers struct {
-	ETag               string
-	IdempotentReplayed *string
+	ETag string
 }
 
 // UpdateButtonResponse405Headers the declared response headers of an HTTP 405 response for UpdateButton
 type UpdateButtonResponse405Headers struct {
 	Allow string
-}
-
-// UpdateButtonResponse429Headers the declared response headers of an HTTP 429 response for UpdateButton
-type UpdateButtonResponse429Headers struct {
-	RetryAfter int
 }
 
 // UpdateButtonResponse503Headers the declared response headers of an HTTP 503 response for UpdateButton
@@ -3008,10 +2371,6 @@ type UpdateButtonResponse struct {
 	JSON413 *PayloadTooLarge
 	// JSON415 the response for an HTTP 415 `application/json` response
 	JSON415 *UnsupportedMediaType
-	// JSON422 the response for an HTTP 422 `application/json` response
-	JSON422 *IdempotencyMismatch
-	// JSON429 the response for an HTTP 429 `application/json` response
-	JSON429 *RateLimited
 	// JSON500 the response for an HTTP 500 `application/json` response
 	JSON500 *Internal
 	// JSON503 the response for an HTTP 503 `application/json` response
@@ -3020,8 +2379,6 @@ type UpdateButtonResponse struct {
 	Headers200 *UpdateButtonResponse200Headers
 	// Headers405 the parsed response headers for an HTTP 405 response
 	Headers405 *UpdateButtonResponse405Headers
-	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *UpdateButtonResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *UpdateButtonResponse503Headers
 }
@@ -3076,16 +2433,6 @@ func (r UpdateButtonResponse) GetJSON415() *UnsupportedMediaType {
 	return r.JSON415
 }
 
-// GetJSON422 returns the response for an HTTP 422 `application/json` response
-func (r UpdateButtonResponse) GetJSON422() *IdempotencyMismatch {
-	return r.JSON422
-}
-
-// GetJSON429 returns the response for an HTTP 429 `application/json` response
-func (r UpdateButtonResponse) GetJSON429() *RateLimited {
-	return r.JSON429
-}
-
 // GetJSON500 returns the response for an HTTP 500 `application/json` response
 func (r UpdateButtonResponse) GetJSON500() *Internal {
 	return r.JSON500
@@ -3127,7 +2474,7 @@ func (r UpdateButtonResponse) ContentType() string {
 
 // GetHealthWithResponse Health check
 //
-// 200 when the database answers a query, else 503. Needs no key and is not rate-limited.
+// 200 when the database answers a query, else 503. Needs no key.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -3157,13 +2504,13 @@ func (c *ClientWithResponses) GetOpenAPIDocumentWithResponse(ctx context.Context
 
 // CreateButtonWithBodyWithResponse Create a button
 //
-// Stores a new button for the key's account and answers with its id.
+// Stores a new button for the key's account and answers with its id. Retries are the client's job: the server keeps no answers to replay. After a create whose answer was lost, list the newest buttons before sending it again; a reference of your own in `metadata` recognises the button. Sent again, the other writes tell what happened: an update already applied answers `unchanged`; a delete or restore already done is `409 wrong_state`; with the first try's `If-Match`, any of them already applied is `412 precondition_failed`.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /product-payment/create (the `CreateButton` operationId).
-func (c *ClientWithResponses) CreateButtonWithBodyWithResponse(ctx context.Context, params *CreateButtonParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateButtonResponse, error) {
-	rsp, err := c.CreateButtonWithBody(ctx, params, contentType, body, reqEditors...)
+func (c *ClientWithResponses) CreateButtonWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateButtonResponse, error) {
+	rsp, err := c.CreateButtonWithBody(ctx, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -3172,13 +2519,13 @@ func (c *ClientWithResponses) CreateButtonWithBodyWithResponse(ctx context.Conte
 
 // CreateButtonWithResponse Create a button
 //
-// Stores a new button for the key's account and answers with its id.
+// Stores a new button for the key's account and answers with its id. Retries are the client's job: the server keeps no answers to replay. After a create whose answer was lost, list the newest buttons before sending it again; a reference of your own in `metadata` recognises the button. Sent again, the other writes tell what happened: an update already applied answers `unchanged`; a delete or restore already done is `409 wrong_state`; with the first try's `If-Match`, any of them already applied is `412 precondition_failed`.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /product-payment/create (the `CreateButton` operationId).
-func (c *ClientWithResponses) CreateButtonWithResponse(ctx context.Context, params *CreateButtonParams, body CreateButtonJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateButtonResponse, error) {
-	rsp, err := c.CreateButton(ctx, params, body, reqEditors...)
+func (c *ClientWithResponses) CreateButtonWithResponse(ctx context.Context, body CreateButtonJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateButtonResponse, error) {
+	rsp, err := c.CreateButton(ctx, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
@@ -3213,21 +2560,6 @@ func (c *ClientWithResponses) GetButtonWithResponse(ctx context.Context, id Path
 		return nil, err
 	}
 	return ParseGetButtonResponse(rsp)
-}
-
-// GetButtonHistoryWithResponse Read a button's history
-//
-// Every change made to the button, oldest first, a page at a time, with the key and request that made it. Refused requests and `unchanged` updates leave no entry.
-//
-// Returns a wrapper object for the known response body format(s).
-//
-// Corresponds with GET /product-payment/history/{id} (the `GetButtonHistory` operationId).
-func (c *ClientWithResponses) GetButtonHistoryWithResponse(ctx context.Context, id PathId, params *GetButtonHistoryParams, reqEditors ...RequestEditorFn) (*GetButtonHistoryResponse, error) {
-	rsp, err := c.GetButtonHistory(ctx, id, params, reqEditors...)
-	if err != nil {
-		return nil, err
-	}
-	return ParseGetButtonHistoryResponse(rsp)
 }
 
 // ListButtonsWithResponse List buttons
@@ -3483,20 +2815,6 @@ func ParseCreateButtonResponse(rsp *http.Response) (*CreateButtonResponse, error
 		}
 		response.JSON415 = &dest
 
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
-		var dest IdempotencyMismatch
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON422 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
-		var dest RateLimited
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON429 = &dest
-
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest Internal
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -3523,13 +2841,6 @@ func ParseCreateButtonResponse(rsp *http.Response) (*CreateButtonResponse, error
 			}
 			headers.ETag = value
 		}
-		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.IdempotentReplayed = &value
-		}
 		response.Headers200 = &headers
 	case rsp.StatusCode == 405:
 		var headers CreateButtonResponse405Headers
@@ -3541,16 +2852,6 @@ func ParseCreateButtonResponse(rsp *http.Response) (*CreateButtonResponse, error
 			headers.Allow = value
 		}
 		response.Headers405 = &headers
-	case rsp.StatusCode == 429:
-		var headers CreateButtonResponse429Headers
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers CreateButtonResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
@@ -3636,20 +2937,6 @@ func ParseDeleteButtonResponse(rsp *http.Response) (*DeleteButtonResponse, error
 		}
 		response.JSON412 = &dest
 
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
-		var dest IdempotencyMismatch
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON422 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
-		var dest RateLimited
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON429 = &dest
-
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest Internal
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -3676,13 +2963,6 @@ func ParseDeleteButtonResponse(rsp *http.Response) (*DeleteButtonResponse, error
 			}
 			headers.ETag = value
 		}
-		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.IdempotentReplayed = &value
-		}
 		response.Headers200 = &headers
 	case rsp.StatusCode == 405:
 		var headers DeleteButtonResponse405Headers
@@ -3694,16 +2974,6 @@ func ParseDeleteButtonResponse(rsp *http.Response) (*DeleteButtonResponse, error
 			headers.Allow = value
 		}
 		response.Headers405 = &headers
-	case rsp.StatusCode == 429:
-		var headers DeleteButtonResponse429Headers
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers DeleteButtonResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
@@ -3761,26 +3031,12 @@ func ParseGetButtonResponse(rsp *http.Response) (*GetButtonResponse, error) {
 		}
 		response.JSON405 = &dest
 
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
-		var dest RateLimited
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON429 = &dest
-
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest Internal
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
 		response.JSON500 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
-		var dest Unavailable
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON503 = &dest
 
 	}
 
@@ -3805,134 +3061,6 @@ func ParseGetButtonResponse(rsp *http.Response) (*GetButtonResponse, error) {
 			headers.Allow = value
 		}
 		response.Headers405 = &headers
-	case rsp.StatusCode == 429:
-		var headers GetButtonResponse429Headers
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		response.Headers429 = &headers
-	case rsp.StatusCode == 503:
-		var headers GetButtonResponse503Headers
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		response.Headers503 = &headers
-	}
-
-	return response, nil
-}
-
-// ParseGetButtonHistoryResponse parses an HTTP response from a GetButtonHistoryWithResponse call
-func ParseGetButtonHistoryResponse(rsp *http.Response) (*GetButtonHistoryResponse, error) {
-	bodyBytes, err := io.ReadAll(rsp.Body)
-	defer func() { _ = rsp.Body.Close() }()
-	if err != nil {
-		return nil, err
-	}
-
-	response := &GetButtonHistoryResponse{
-		Body:         bodyBytes,
-		HTTPResponse: rsp,
-	}
-
-	switch {
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
-		var dest HistoryFound
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON200 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
-		var dest InvalidQuery
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON400 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
-		var dest Unauthorized
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON401 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
-		var dest NotFound
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON404 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 405:
-		var dest MethodNotAllowed
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON405 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
-		var dest RateLimited
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON429 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
-		var dest Internal
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON500 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
-		var dest Unavailable
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON503 = &dest
-
-	}
-
-	switch {
-	case rsp.StatusCode == 405:
-		var headers GetButtonHistoryResponse405Headers
-		if values := rsp.Header.Values("Allow"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Allow", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.Allow = value
-		}
-		response.Headers405 = &headers
-	case rsp.StatusCode == 429:
-		var headers GetButtonHistoryResponse429Headers
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		response.Headers429 = &headers
-	case rsp.StatusCode == 503:
-		var headers GetButtonHistoryResponse503Headers
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		response.Headers503 = &headers
 	}
 
 	return response, nil
@@ -3980,26 +3108,12 @@ func ParseListButtonsResponse(rsp *http.Response) (*ListButtonsResponse, error) 
 		}
 		response.JSON405 = &dest
 
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
-		var dest RateLimited
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON429 = &dest
-
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest Internal
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
 		response.JSON500 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
-		var dest Unavailable
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON503 = &dest
 
 	}
 
@@ -4014,26 +3128,6 @@ func ParseListButtonsResponse(rsp *http.Response) (*ListButtonsResponse, error) 
 			headers.Allow = value
 		}
 		response.Headers405 = &headers
-	case rsp.StatusCode == 429:
-		var headers ListButtonsResponse429Headers
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		response.Headers429 = &headers
-	case rsp.StatusCode == 503:
-		var headers ListButtonsResponse503Headers
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		response.Headers503 = &headers
 	}
 
 	return response, nil
@@ -4109,20 +3203,6 @@ func ParseRestoreButtonResponse(rsp *http.Response) (*RestoreButtonResponse, err
 		}
 		response.JSON412 = &dest
 
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
-		var dest IdempotencyMismatch
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON422 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
-		var dest RateLimited
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON429 = &dest
-
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest Internal
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -4149,13 +3229,6 @@ func ParseRestoreButtonResponse(rsp *http.Response) (*RestoreButtonResponse, err
 			}
 			headers.ETag = value
 		}
-		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.IdempotentReplayed = &value
-		}
 		response.Headers200 = &headers
 	case rsp.StatusCode == 405:
 		var headers RestoreButtonResponse405Headers
@@ -4167,16 +3240,6 @@ func ParseRestoreButtonResponse(rsp *http.Response) (*RestoreButtonResponse, err
 			headers.Allow = value
 		}
 		response.Headers405 = &headers
-	case rsp.StatusCode == 429:
-		var headers RestoreButtonResponse429Headers
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers RestoreButtonResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
@@ -4276,20 +3339,6 @@ func ParseUpdateButtonResponse(rsp *http.Response) (*UpdateButtonResponse, error
 		}
 		response.JSON415 = &dest
 
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
-		var dest IdempotencyMismatch
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON422 = &dest
-
-	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
-		var dest RateLimited
-		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.JSON429 = &dest
-
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest Internal
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -4316,13 +3365,6 @@ func ParseUpdateButtonResponse(rsp *http.Response) (*UpdateButtonResponse, error
 			}
 			headers.ETag = value
 		}
-		if values := rsp.Header.Values("Idempotent-Replayed"); len(values) > 0 {
-			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "Idempotent-Replayed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.IdempotentReplayed = &value
-		}
 		response.Headers200 = &headers
 	case rsp.StatusCode == 405:
 		var headers UpdateButtonResponse405Headers
@@ -4334,16 +3376,6 @@ func ParseUpdateButtonResponse(rsp *http.Response) (*UpdateButtonResponse, error
 			headers.Allow = value
 		}
 		response.Headers405 = &headers
-	case rsp.StatusCode == 429:
-		var headers UpdateButtonResponse429Headers
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers UpdateButtonResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
