@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"path"
 	"regexp"
 	"slices"
@@ -281,4 +282,32 @@ func headerNames(node any) []string {
 		names = append(names, headerNames(value)...)
 	}
 	return names
+}
+
+// Every body README.md's walkthrough sends and the server accepts matches openapi.json.
+func TestREADMEBodiesMatchTheDocument(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	require(t, err == nil, "%v", err)
+	variables, checked := map[string]string{}, 0
+	// A command goes on over lines that end in \ or start with a space; its output, up to the next.
+	commands := regexp.MustCompile("(?m)^\\$ ((?:.*(?:\\\\\n|\n ))*.*)\n((?:[^$`\n].*\n)*)").
+		FindAllStringSubmatch(string(readme), -1)
+	for _, c := range commands {
+		command, answer := c[1], c[2]
+		if v := regexp.MustCompile(`(?s)^(\w+)='(\{.*\})'$`).FindStringSubmatch(command); v != nil {
+			variables[v[1]] = v[2]
+		}
+		body := regexp.MustCompile(`(?s)-d '(\{.*?\})'|-d "\$(\w+)"`).FindStringSubmatch(command)
+		path := regexp.MustCompile(`/product-payment/(create|update/\$ID)`).FindString(command)
+		if body == nil || path == "" || !strings.Contains(answer, `{"isSuccess":true`) {
+			continue
+		}
+		op, _ := operation("POST", strings.Replace(path, "$ID", "x", 1))
+		schema := deref(deref(deref(op["requestBody"])["content"])["application/json"])["schema"]
+		value, err := decodeJSON[any]([]byte(body[1] + variables[body[2]]))
+		expect(t, err == nil && schema != nil && matchSchema(schema, value, "body") == nil, "README: $ %s\n"+
+			"the body does not match openapi.json: %v", command, cmp.Or(err, matchSchema(schema, value, "body")))
+		checked++
+	}
+	expect(t, checked >= 4, "checked %d bodies of README.md's walkthrough, want every one (4 or more)", checked)
 }

@@ -47,8 +47,7 @@ say ""
 say "== 1. steady state on host A, then host A is lost (kill -9)"
 use_site "$TMP/hostA"
 start_primary "$TMP/hostA.log"
-wait_log "$TMP/hostA.log" '^pbk_'
-KEY=$(grep -E '^pbk_' "$TMP/hostA.log")
+KEY=$(new_key)
 wait_log "$TMP/hostA.log" 'msg="snapshot complete"'
 for i in $(seq "$BATCH"); do create "batch1-$i"; done >"$TMP/batch1"
 say "batch 1: $(wc -l <"$TMP/batch1") creates acknowledged"

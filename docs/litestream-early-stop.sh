@@ -42,15 +42,14 @@ for variant in "paybuttons serve" "sh -c 'sleep 2 && exec paybuttons serve'"; do
 	rm -rf "$TMP/replica" "$TMP/host"
 	use_site "$TMP/host"
 	start_primary "$TMP/first.log"
-	wait_log "$TMP/first.log" '^pbk_'
-	KEY=$(grep -E '^pbk_' "$TMP/first.log")
+	KEY=$(new_key)
 	wait_log "$TMP/first.log" 'msg="snapshot complete"'
 	for i in $(seq 10); do create "before-$i"; done >/dev/null
 	sleep 3
 	stop "$LS_PID"
 	STARTED=()
 
-	exec_line=${variant//paybuttons serve/$PB serve -addr 127.0.0.1:0 -rate 0}
+	exec_line=${variant//paybuttons serve/$PB serve -addr 127.0.0.1:0}
 	started=$EPOCHREALTIME
 	"$LS" replicate -config "$CONFIG" -exec "$exec_line" >"$TMP/early.log" 2>&1 &
 	LS_PID=$!

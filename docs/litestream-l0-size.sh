@@ -14,8 +14,7 @@ l0() { "$LS" ltx -config "$CONFIG" -level 0 "$PAYBUTTONS_DB" | awk 'NR > 1 { n++
 
 use_site "$TMP/host"
 start_primary "$TMP/primary.log"
-wait_log "$TMP/primary.log" '^pbk_'
-KEY=$(grep -E '^pbk_' "$TMP/primary.log")
+KEY=$(new_key)
 wait_log "$TMP/primary.log" 'msg="snapshot complete"'
 say "$(load)"
 

@@ -88,7 +88,7 @@ port_of() {
 start_primary() {
 	: >"$1" # empty now: port_of must not read a previous server's line
 	"$LS" replicate -config "$CONFIG" \
-		-exec "/bin/sh -c 'sleep 2 && exec $PB serve -addr 127.0.0.1:0 -rate 0'" >"$1" 2>&1 &
+		-exec "/bin/sh -c 'sleep 2 && exec $PB serve -addr 127.0.0.1:0'" >"$1" 2>&1 &
 	LS_PID=$!
 	STARTED+=("$LS_PID")
 	PORT=$(port_of "$1")
@@ -100,11 +100,15 @@ start_primary() {
 # start_server LOG: paybuttons serve alone on $PAYBUTTONS_DB. Sets PB_PID, PORT.
 start_server() {
 	: >"$1"
-	"$PB" serve -addr 127.0.0.1:0 -rate 0 >"$1" 2>&1 &
+	"$PB" serve -addr 127.0.0.1:0 >"$1" 2>&1 &
 	PB_PID=$!
 	STARTED+=("$PB_PID")
 	PORT=$(port_of "$1")
 }
+
+# new_key: prints a new key for the site in use, as an operator makes the first one
+# (serve writes no key to its log): paybuttons keys create, beside the running server.
+new_key() { "$PB" keys create -account drill -db "$PAYBUTTONS_DB" 2>/dev/null; }
 
 # stop PID: SIGTERM, then wait for it to exit.
 stop() {

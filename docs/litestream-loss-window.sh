@@ -58,8 +58,7 @@ for run in $(seq "$RUNS"); do
 	rm -rf "$TMP/replica"
 	use_site "$RUN/primary"
 	start_primary "$RUN/primary.log"
-	wait_log "$RUN/primary.log" '^pbk_'
-	KEY=$(grep -E '^pbk_' "$RUN/primary.log")
+	KEY=$(new_key)
 	wait_log "$RUN/primary.log" 'msg="snapshot complete"' # replicating: steady state
 	busy=() started_at=$EPOCHREALTIME
 	for w in $(seq "$WRITERS"); do

@@ -30,8 +30,7 @@ phase() {
 	rm -rf "$TMP/replica" "$TMP/host"
 	use_site "$TMP/host"
 	start_primary "$TMP/$name.log"
-	wait_log "$TMP/$name.log" '^pbk_'
-	KEY=$(grep -E '^pbk_' "$TMP/$name.log")
+	KEY=$(new_key)
 	wait_log "$TMP/$name.log" 'msg="snapshot complete"'
 	(
 		n=0

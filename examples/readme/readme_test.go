@@ -77,6 +77,7 @@ var masks = []struct {
 	{regexp.MustCompile(`duration=\S+`), "duration=D"},
 	{regexp.MustCompile(`go1\.\d+(\.\d+)?`), "goVERSION"},
 	{regexp.MustCompile(`localhost:\d+`), "localhost:8080"},
+	{regexp.MustCompile(`(127\.0\.0\.1|\[::1\]):\d+`), "127.0.0.1:8080"}, // the address serve logs
 }
 
 func mask(s string) string {
@@ -124,14 +125,15 @@ func TestREADMECommandsRunVerbatim(t *testing.T) {
 	}
 
 	// One shell runs every command, so that variables and the background server carry over; a marker line before
-	// each says where its output starts. The port 8080 of the README becomes a free one.
+	// each says where its output starts. The ports 8080 and 8081 of the README become free ones.
 	port := freePort(t)
+	ports := strings.NewReplacer("localhost:8080", "localhost:"+port, "localhost:8081", "localhost:"+freePort(t))
 	var script strings.Builder
 	script.WriteString("exec 2>&1\nset +e\n")
 	for i, c := range cmds {
-		fmt.Fprintf(&script, "printf '\\n@@ %d\\n'\n%s\n", i, strings.ReplaceAll(c.text, "localhost:8080", "localhost:"+port))
+		fmt.Fprintf(&script, "printf '\\n@@ %d\\n'\n%s\n", i, ports.Replace(c.text))
 	}
-	script.WriteString("printf '\\n@@ end\\n'\nkill %1 2>/dev/null; wait\n")
+	script.WriteString("printf '\\n@@ end\\n'\nkill $(jobs -p) 2>/dev/null; wait\n") // servers left running
 	shell := exec.Command("bash", "-c", script.String())
 	shell.Dir = clone
 	shell.Env = append(os.Environ(), "PAYBUTTONS_ADDR=localhost:"+port)
