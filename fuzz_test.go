@@ -10,6 +10,7 @@ import (
 	"maps"
 	"math"
 	"math/big"
+	"path"
 	"reflect"
 	"regexp"
 	"slices"
@@ -151,9 +152,13 @@ func (o *oracle) refuse(name, format string, a ...any) {
 }
 
 // verdict checks r, the answer to n bytes, against the oracle's reasons: a 400 names the first 20 fields
-// refused, a name over 40 characters cut to 39 and "…". It returns whether r is a 200.
+// refused, a name over 40 characters cut to 39 and "…". A seed's name says if it is accepted: ok_...,
+// or refused: bad_... It returns whether r is a 200.
 func (o *oracle) verdict(t *testing.T, r response, n int) bool {
 	t.Helper()
+	if seed := path.Base(t.Name()); strings.HasPrefix(seed, "ok_") || strings.HasPrefix(seed, "bad_") {
+		expect(t, strings.HasPrefix(seed, "ok_") == (r.status == 200), "seed %s: got %d", seed, r.status)
+	}
 	names := slices.Sorted(maps.Keys(o.why))
 	for i, name := range names {
 		if runes := []rune(name); len(runes) > 40 {

@@ -16,13 +16,6 @@ import (
 	"time"
 )
 
-// statusOf is the HTTP status each error code is sent with.
-var statusOf = map[string]int{
-	codeInvalid: 400, codeUnauthorized: 401, codeForbidden: 403, codeNotFound: 404,
-	codeMethodNotAllowed: 405, codeWrongState: 409, codePrecondition: 412, codeTooLarge: 413,
-	codeMediaType: 415, codeInternal: 500, codeUnavailable: 503,
-}
-
 // openAPIDocument describes the API, for the default -provider-name.
 //
 //go:embed openapi.json

@@ -24,7 +24,7 @@ import (
 
 // --- the model every file shares ---
 
-// The error codes a client branches on; handlers.go sends each with its HTTP status.
+// The error codes a client branches on, and the HTTP status each is sent with.
 const (
 	codeInvalid          = "invalid_request"
 	codeUnauthorized     = "unauthorized"
@@ -38,6 +38,12 @@ const (
 	codeInternal         = "internal"
 	codeUnavailable      = "unavailable"
 )
+
+var statusOf = map[string]int{
+	codeInvalid: 400, codeUnauthorized: 401, codeForbidden: 403, codeNotFound: 404,
+	codeMethodNotAllowed: 405, codeWrongState: 409, codePrecondition: 412, codeTooLarge: 413,
+	codeMediaType: 415, codeInternal: 500, codeUnavailable: 503,
+}
 
 // apiError is every failure a client is told of: a code, a message for people and, for
 // invalid_request, every failing field and why. cause is logged, never sent. Any other error is a
@@ -124,13 +130,13 @@ CREATE TABLE buttons (
 ) STRICT, WITHOUT ROWID;
 -- An index for each set of filters a list may name, each ending in id: a page reads its own
 -- rows, newest first, however many buttons the account has.
-CREATE INDEX buttons_s ON buttons (account, state, id);
-CREATE INDEX buttons_l ON buttons (account, is_live, id);
-CREATE INDEX buttons_p ON buttons (account, payment_method, id);
-CREATE INDEX buttons_sl ON buttons (account, state, is_live, id);
-CREATE INDEX buttons_sp ON buttons (account, state, payment_method, id);
-CREATE INDEX buttons_lp ON buttons (account, is_live, payment_method, id);
-CREATE INDEX buttons_slp ON buttons (account, state, is_live, payment_method, id);`
+CREATE INDEX buttons_by_state ON buttons (account, state, id);
+CREATE INDEX buttons_by_live ON buttons (account, is_live, id);
+CREATE INDEX buttons_by_method ON buttons (account, payment_method, id);
+CREATE INDEX buttons_by_state_live ON buttons (account, state, is_live, id);
+CREATE INDEX buttons_by_state_method ON buttons (account, state, payment_method, id);
+CREATE INDEX buttons_by_live_method ON buttons (account, is_live, payment_method, id);
+CREATE INDEX buttons_by_state_live_method ON buttons (account, state, is_live, payment_method, id);`
 
 // store is the SQLite file: one writer connection, so writes queue here, and readers.
 type store struct {
@@ -383,24 +389,25 @@ func (s *store) list(ctx context.Context, account string, q listQuery) ([]button
 }
 
 // sql is the query of a page of account's buttons, and its arguments. As ids never change, "id <
-// after" never skips or repeats a button. It names the index of exactly the filters given, one of
-// the schema's: SQLite, which keeps no statistics here, would rather walk every older button.
+// after" never skips or repeats a button. It names the schema's index of exactly the filters
+// given: SQLite, which keeps no statistics here, would rather walk every older button.
 func (q listQuery) sql(account string) (string, []any) {
-	query, args, index := ` WHERE account = ?`, []any{account}, ""
+	query, args, index := ` WHERE account = ?`, []any{account}, "buttons_by"
 	if q.After != "" {
 		query, args = query+` AND id < ?`, append(args, q.After)
 	}
 	if q.State != "all" {
-		query, args, index = query+` AND state = ?`, append(args, q.State), index+"s"
+		query, args, index = query+` AND state = ?`, append(args, q.State), index+"_state"
 	}
 	if q.IsLive != nil {
-		query, args, index = query+` AND is_live = ?`, append(args, *q.IsLive), index+"l"
+		query, args, index = query+` AND is_live = ?`, append(args, *q.IsLive), index+"_live"
 	}
 	if q.PaymentMethod != "" {
-		query, args, index = query+` AND payment_method = ?`, append(args, q.PaymentMethod), index+"p"
+		query, args = query+` AND payment_method = ?`, append(args, q.PaymentMethod)
+		index += "_method"
 	}
-	if index != "" {
-		query = ` INDEXED BY buttons_` + index + query
+	if index != "buttons_by" {
+		query = ` INDEXED BY ` + index + query
 	}
 	return `SELECT button FROM buttons` + query + ` ORDER BY id DESC LIMIT ?`, append(args, q.Limit+1)
 }
@@ -412,9 +419,9 @@ func (s *store) create(ctx context.Context, account string, b button) (button, e
 	return b, s.write(ctx, func(tx *sql.Tx) error { return save(tx, account, b) })
 }
 
-// change lets edit change account's button id, refusing first no such button, then an ifMatch
-// (0 for any) that is not its version, then what edit refuses. It returns the button as it leaves
-// it, and whether it changed: when edit changes nothing, nothing is written.
+// change lets edit change account's button id, in one write. It refuses, in this order: no such
+// button; an ifMatch (0 for any) other than its version; what edit refuses. It returns the button
+// as it leaves it, and whether it changed: when edit changes nothing, nothing is written.
 func (s *store) change(ctx context.Context, account, id string, ifMatch int64,
 	edit func(*button) error) (b button, changed bool, err error) {
 	err = s.write(ctx, func(tx *sql.Tx) error {

@@ -441,7 +441,7 @@ func decodeListQuery(raw, providerName string) (listQuery, error) {
 	q := listQuery{Limit: int(f.whole("limit", 1, 100, 20)), State: "active"}
 	q.After, _ = f.str("after")
 	if q.After != "" && !validButtonID(q.After) {
-		f.fail("after", "must be a button id: the next of the page before")
+		f.fail("after", "must be a button id: the next of the previous page")
 	}
 	if f.has("state") {
 		q.State = f.oneOf("state", "active", "deleted", "all")
@@ -464,7 +464,7 @@ func parseIfMatch(header string) (int64, error) {
 	digits, quoted := strings.CutSuffix(digits, `"`)
 	version, err := strconv.ParseInt(digits, 10, 64)
 	if !quoted || err != nil || version < 1 || strconv.FormatInt(version, 10) != digits {
-		return 0, invalid(map[string]string{"If-Match": `must be an ETag get sent, such as "3"`})
+		return 0, invalid(map[string]string{"If-Match": `must be a version in quotes, as the ETag gives it: "3"`})
 	}
 	return version, nil
 }
