@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -22,30 +23,28 @@ import (
 
 // Two servers on one file, one through a symlink, serve together: each reads what the other writes,
 // and of concurrent If-Match updates split across them one wins. The commands work beside them and the
-// servers see what they change. Variables meant for no command are never read.
+// servers see what they change. The commands read PAYBUTTONS_DB, and no other variable.
 func TestBesideTwoServers(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	db, dest := dir+"/pay.db", dir+"/copy.db"
 	first, second := startChild(t, db), (*child)(nil)
 	expect(t, strings.Contains(first.output(), "no API key exists: make one with `paybuttons keys create") &&
-		!strings.Contains(first.output(), "pbk_"), "a first start off a terminal: got\n%s\nwant no "+
-		"key, and how to make one", first.output())
+		!strings.Contains(first.output(), "pbk_"), "a first start off a terminal: got\n%s", first.output())
 	if err := os.Symlink(db, dir+"/sym.db"); err != nil {
 		t.Logf("no symlink here (%v): the second server opens the file by its name", err)
 		second = startChild(t, db)
 	} else {
 		second = startChild(t, dir+"/sym.db")
 	}
-	env := map[string]string{"PAYBUTTONS_ACCOUNT": "env", "PAYBUTTONS_READ_ONLY": "1"} // keys read neither
+	env := map[string]string{"PAYBUTTONS_DB": db, "PAYBUTTONS_ACCOUNT": "env", "PAYBUTTONS_READ_ONLY": "1"}
 	// keys create prints the key alone on stdout, and the servers take it at once.
 	var secrets, ids [2]string // of acme: read-write, read-only
 	for i, args := range [][]string{{"-account", "acme"}, {"-account", "acme", "-read-only"}} {
-		stdout, stderr, err := runCLI(t, env, append([]string{"keys", "create", "-db", db}, args...)...)
-		id := regexp.MustCompile(`^paybuttons: created (key_\w+) for account "acme"\n$`).FindStringSubmatch(
-			stderr)
+		stdout, stderr, err := runCLI(t, env, append([]string{"keys", "create"}, args...)...)
+		id := regexp.MustCompile(`^paybuttons: created (key_\w+) for account "acme"\n$`).FindStringSubmatch(stderr)
 		require(t, err == nil && regexp.MustCompile(`^pbk_[\w-]{43}\n$`).MatchString(stdout) && id != nil,
-			"keys create %q: got %v, stdout %q, stderr %q; want the key alone", args, err, stdout, stderr)
+			"keys create %q: got %v, stdout %q, stderr %q", args, err, stdout, stderr)
 		secrets[i], ids[i] = strings.TrimSpace(stdout), id[1]
 	}
 	e1, e2 := &testEnv{t: t, url: first.url}, &testEnv{t: t, url: second.url}
@@ -69,44 +68,56 @@ func TestBesideTwoServers(t *testing.T) {
 	r := e1.do("GET", "/product-payment/get/"+id, secrets[0], "")
 	expect(t, wins.Load() == 1 && r.header.Get("ETag") == `"2"`, "10 updates with If-Match: \"1\": got %d "+
 		"wins, then %v; want one, version 2", wins.Load(), r.header)
-	// keys list shows every field but the secret, a key a line (keys made in one millisecond come in any
-	// order).
-	lines := []string{ids[0] + "\tacme\tread-write\tcreated @\trevoked never\n",
-		ids[1] + "\tacme\tread-only\tcreated @\trevoked never\n"}
-	slices.Sort(lines)
-	want := "^" + strings.ReplaceAll(strings.Join(lines, ""), "@", `20[\d-]+T[\d:.]+Z`) + "$"
-	out, _, err := runCLI(t, env, "keys", "list", "-db", db)
-	list := strings.Join(slices.Sorted(strings.Lines(out)), "")
-	expect(t, err == nil && regexp.MustCompile(want).MatchString(list), "keys list, sorted: got %q (%v), "+
-		"want it to match %s", list, err, want)
-	// keys revoke: both servers refuse the key at its next request; an unknown id is an error.
-	_, _, err = runCLI(t, env, "keys", "revoke", "-db", db, ids[0])
+	// keys revoke: both servers refuse the key at its next request. Revoking it again changes nothing;
+	// an unknown id is an error.
+	_, _, err := runCLI(t, env, "keys", "revoke", ids[0])
 	require(t, err == nil, "keys revoke: %v", err)
 	e1.do("GET", "/product-payment/get/"+id, secrets[0], "").want(t, 401, "unauthorized")
 	e2.do("GET", "/product-payment/get/"+id, secrets[0], "").want(t, 401, "unauthorized")
-	_, _, err = runCLI(t, env, "keys", "revoke", "-db", db, "key_UNKNOWN")
-	expect(t, exitStatus(err) == 1, "keys revoke of an unknown id: got %v, want exit status 1", err)
-	// backup writes a copy that holds the button, and never writes over a file.
-	out, _, err = runCLI(t, env, "backup", "-db", db, dest)
+	list, _, _ := runCLI(t, env, "keys", "list")
+	_, _, err = runCLI(t, env, "keys", "revoke", ids[0])
+	again, _, _ := runCLI(t, env, "keys", "list")
+	_, _, err2 := runCLI(t, env, "keys", "revoke", "key_UNKNOWN")
+	expect(t, err == nil && again == list && exitStatus(err2) == 1, "revoke again: %v; unknown: %v", err, err2)
+	// keys list shows every field but the secret, a key a line (keys made in one millisecond come in any
+	// order).
+	lines := []string{ids[0] + "\tacme\tread-write\tcreated @\trevoked @\n",
+		ids[1] + "\tacme\tread-only\tcreated @\trevoked never\n"}
+	slices.Sort(lines)
+	want := "^" + strings.ReplaceAll(strings.Join(lines, ""), "@", `20[\d-]+T[\d:.]+Z`) + "$"
+	list = strings.Join(slices.Sorted(strings.Lines(list)), "")
+	expect(t, regexp.MustCompile(want).MatchString(list), "keys list, sorted: got %q, want %s", list, want)
+	// backup writes a copy that holds the button, never writes over a file, and passes over what a killed
+	// backup left.
+	os.WriteFile(dest+".partial", []byte("half a copy"), 0o600)
+	out, _, err := runCLI(t, env, "backup", dest)
 	expect(t, err == nil && strings.HasPrefix(out, "backup "), "backup: got %q (%v), want a copy", out, err)
 	copied, _ := os.ReadFile(dest)
-	_, _, err = runCLI(t, env, "backup", "-db", db, dest)
+	_, _, err = runCLI(t, env, "backup", dest)
 	now, _ := os.ReadFile(dest)
 	expect(t, exitStatus(err) == 1 && bytes.Equal(now, copied), "backup over a file: got %v, want 1", err)
 	expect(t, bytes.Contains(copied, []byte(`{"id":"`+id+`"`)) && bytes.Contains(copied, []byte(`"version":2`)),
 		"the copy does not hold %s at version 2", id)
-	// check says ok of the file and its copy, and finds the copy damaged.
+	// check says ok of the file and its copy, and finds damage: in a page, or an index that is not its
+	// table's.
 	for _, file := range []string{db, dest} {
 		out, _, err := runCLI(t, env, "check", "-db", file)
 		expect(t, err == nil && out == "ok\n", "check of %s: got %q (%v), want ok", file, out, err)
 	}
+	os.WriteFile(dir+"/index.db", copied, 0o600)
+	wrong, _ := sql.Open("sqlite", dir+"/index.db")
+	_, err = wrong.Exec(`PRAGMA writable_schema = ON; UPDATE sqlite_schema SET sql = replace(sql, 'state, id',
+		'id, state') WHERE name = 'buttons_by_state'`)
+	wrong.Close()
 	for i := 4096; i < 2*4096; i += 7 { // page 2, a table's root
 		copied[i] ^= 0x5a
 	}
 	os.WriteFile(dest, copied, 0o600)
-	_, _, err = runCLI(t, env, "check", "-db", dest)
-	expect(t, exitStatus(err) == 1 && regexp.MustCompile(`damaged|malformed`).MatchString(fmt.Sprint(err)),
-		"check of a damaged copy: got %v, want exit status 1 naming the damage", err)
+	for file, says := range map[string]string{dest: "malformed", dir + "/index.db": "missing from index"} {
+		out, _, err2 := runCLI(t, env, "check", "-db", file)
+		expect(t, err == nil && exitStatus(err2) == 1 && strings.Contains(fmt.Sprint(out, err2), says),
+			"check of a damaged %s: got %q, %v; want exit status 1 saying %q", file, out, err2, says)
+	}
 	if err := os.Link(db, dir+"/hard.db"); err != nil || runtime.GOOS == "windows" { // no link count there
 		t.Logf("no hard link counted here (%v): that case is left out", err)
 	} else {
@@ -120,13 +131,17 @@ func TestBesideTwoServers(t *testing.T) {
 func TestCommandLineRefusals(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	never, foreign, garbage := dir+"/never.db", dir+"/foreign.db", dir+"/not.db"
+	never, foreign, garbage, future := dir+"/never.db", dir+"/foreign.db", dir+"/not.db", dir+"/v2.db"
 	other, _ := sql.Open("sqlite", foreign)
 	_, err := other.Exec(`CREATE TABLE notes (body TEXT); INSERT INTO notes VALUES ('mine')`)
 	other.Close()
 	err2 := os.WriteFile(garbage, bytes.Repeat([]byte("not sqlite "), 1000), 0o600)
-	busy, err3 := net.Listen("tcp", "127.0.0.1:0")
-	require(t, cmp.Or(err, err2, err3) == nil, "%v", cmp.Or(err, err2, err3))
+	_, _, err3 := runCLI(t, nil, "keys", "create", "-account", "a", "-db", future)
+	other, _ = sql.Open("sqlite", future)
+	_, err4 := other.Exec(`PRAGMA user_version = 2`) // a later paybuttons made it
+	other.Close()
+	busy, err5 := net.Listen("tcp", "127.0.0.1:0")
+	require(t, cmp.Or(err, err2, err3, err4, err5) == nil, "%v", cmp.Or(err, err2, err3, err4, err5))
 	defer busy.Close()
 	before, _ := os.ReadFile(foreign)
 	serve := func(args ...string) []string {
@@ -134,55 +149,59 @@ func TestCommandLineRefusals(t *testing.T) {
 	}
 	for _, c := range []struct {
 		status int
-		env    string // PAYBUTTONS_LOG_FORMAT
+		env    string // NAME=value
 		says   string // in the error
 		args   []string
 	}{
 		{2, "", "frobnicate", []string{"frobnicate"}},
 		{2, "", "keys create, keys list or keys revoke", []string{"keys"}},
-		{2, "", "-rate", serve(never, "-rate", "5")},           // removed
-		{2, "", "-burst", serve(never, "-burst", "5")},         // removed
-		{2, "", "-metrics", serve(never, "-metrics")},          // removed
-		{2, "", "-max-conns", serve(never, "-max-conns", "9")}, // removed
+		{2, "", "-rate", serve(never, "-rate", "5")},   // removed
+		{2, "", "-burst", serve(never, "-burst", "5")}, // removed
 		{2, "", "-addr", serve(never, "-addr", ":99999")},
 		{2, "", "-tls-key", serve(never, "-tls-cert", "c.pem")},
-		{2, "xml", "-log-format", serve(never)},
+		{2, "PAYBUTTONS_LOG_FORMAT=xml", "-log-format", serve(never)},
+		{2, "PAYBUTTONS_PROVIDER_NAME=Stripe", "-provider-name", serve(never)},
+		{2, "", "-provider-name", serve(never, "-provider-name", "StripeConnect")},
 		{2, "", "-account", []string{"keys", "create", "-db", never}},
+		{2, "", "-account", []string{"keys", "create", "-account", "a b", "-db", never}},
+		{2, "", "-account", []string{"keys", "create", "-account", strings.Repeat("a", 65), "-db", never}},
 		{2, "", "takes 1 argument", []string{"keys", "revoke", "-db", never}},
-		{1, "xml", "address already in use", serve(never, "-log-format", "json", "-addr", busy.Addr().String())},
+		{2, "", "takes 1 argument", []string{"keys", "revoke", "-db", never, "key_A", "key_B"}},
+		{1, "PAYBUTTONS_LOG_FORMAT=xml", "address already in use",
+			serve(never, "-log-format", "json", "-addr", busy.Addr().String())}, // the flag beats the variable
 		{1, "", "not a paybuttons database", serve(foreign)},
+		{1, "", "not a paybuttons database", []string{"check", "-db", foreign}},
 		{1, "", "not a database", serve(garbage)},
+		{1, "", "schema version 2", serve(future)},
 		{1, "", "does not exist", serve(dir + "/none/x.db")},
 		{1, "", "no database at", []string{"keys", "list", "-db", never}},
 		{1, "", "no database at", []string{"keys", "revoke", "-db", never, "key_X"}},
 		{1, "", "no database at", []string{"check", "-db", never}},
 		{1, "", `directory "` + dir + `/none" does not exist`, []string{"backup", "-db", never, dir + "/none/c.db"}},
 	} {
-		_, stderr, err := runCLI(t, map[string]string{"PAYBUTTONS_LOG_FORMAT": c.env}, c.args...)
-		expect(t, exitStatus(err) == c.status && strings.Contains(fmt.Sprint(err), c.says),
-			"%q: got %v, want exit status %d saying %q", c.args, err, c.status, c.says)
-		expect(t, stderr == "" && !strings.Contains(fmt.Sprint(err), "\n"),
-			"%q: got %q, then stderr %q; want one line, nothing else", c.args, err, stderr)
+		name, value, _ := strings.Cut(c.env, "=")
+		_, stderr, err := runCLI(t, map[string]string{name: value}, c.args...)
+		expect(t, exitStatus(err) == c.status && strings.Contains(fmt.Sprint(err), c.says) && stderr == "" &&
+			!strings.Contains(fmt.Sprint(err), "\n"), "%q: got %v, then %q; want exit status %d saying %q in a line",
+			c.args, err, stderr, c.status, c.says)
 	}
 	files, _ := os.ReadDir(dir)
-	expect(t, len(files) == 2, "got %v after refused commands, want only the two files made here", files)
 	after, _ := os.ReadFile(foreign)
-	expect(t, bytes.Equal(before, after), "got %s changed by a refused serve", foreign)
+	expect(t, len(files) == 3 && bytes.Equal(before, after), "got %v, foreign.db changed: %v; want the three files "+
+		"made here, as they were", files, !bytes.Equal(before, after))
 }
 
-// Two commands making a new file at once both succeed: the schema is made once, under the lock.
+// Commands making a new file at once all succeed: the schema is made once, under the lock.
 func TestFirstOpensAtOnce(t *testing.T) {
 	t.Parallel()
-	for round := range 3 {
-		db, errs := fmt.Sprint(t.TempDir(), "/new", round, ".db"), make(chan error, 2)
-		create := []string{"keys", "create", "-account", "a", "-db", db}
-		for range 2 {
-			go func() { _, _, err := runCLI(t, nil, create...); errs <- err }()
+	for round := range 4 {
+		db, errs := fmt.Sprint(t.TempDir(), "/new", round, ".db"), make(chan error, 6)
+		for range 6 {
+			go func() { _, _, err := runCLI(t, nil, "keys", "create", "-account", "a", "-db", db); errs <- err }()
 		}
-		err, err2 := <-errs, <-errs
+		err := errors.Join(<-errs, <-errs, <-errs, <-errs, <-errs, <-errs)
 		list, _, _ := runCLI(t, nil, "keys", "list", "-db", db)
-		expect(t, err == nil && err2 == nil && strings.Count(list, "\n") == 2, "round %d: got %v and %v, "+
-			"then keys %q; want two keys", round, err, err2, list)
+		expect(t, err == nil && strings.Count(list, "\n") == 6, "round %d: got %v, then keys %q", round, err, list)
 	}
 }
 
@@ -227,7 +246,7 @@ func TestReadOnlyFile(t *testing.T) {
 		{0, "\ta\tread-write\t", []string{"keys", "list", "-db", db}},
 		{0, "ok\n", []string{"check", "-db", db}},
 	} {
-		cmd := childCommand(c.args...)
+		cmd := childCommand(t, c.args...)
 		cmd.Path, cmd.Args[0] = dir+"/test", dir+"/test"
 		if os.Geteuid() == 0 { // root writes any file: the command runs as nobody
 			cmd.Path, cmd.Args = runuser, append([]string{runuser, "-u", "nobody", "--"}, cmd.Args...)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/binary"
@@ -13,6 +14,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -232,8 +234,8 @@ func awaitTrue(cond func() bool) bool {
 
 func longTests() bool { return os.Getenv("PAYBUTTONS_LONG_TESTS") == "1" }
 
-// A refusal has its status and code and changes nothing; usual headers on all; reads write nothing.
-func TestStatusCodesAndHeaders(t *testing.T) {
+// A refusal has its status and code and changes nothing; a write's ETag is its button's version.
+func TestRefusals(t *testing.T) {
 	t.Parallel()
 	e := newTestServer(t)
 	id, otherID, deleted := e.create(e.key, createBody(nil)), e.create(e.otherKey, createBody(nil)),
@@ -259,27 +261,34 @@ func TestStatusCodesAndHeaders(t *testing.T) {
 		{"GET", p + "get/btn_01JD0000000000000000000000", e.key, "", "", 404, "not_found"},
 		{"GET", p + "get/42", e.key, "", "", 404, "not_found"},
 		{"GET", p + "get/" + otherID, e.key, "", "", 404, "not_found"}, // another account's
+		{"DELETE", p + "delete/" + otherID, e.key, "", "", 404, "not_found"},
 		{"POST", p + "update/" + id, e.otherKey, `{"amount":"1"}`, "", 404, "not_found"},
-		{"DELETE", p + "delete/" + id, e.otherKey, "", "", 404, "not_found"},
 		{"POST", p + "restore/" + id, e.key, "", "", 409, "wrong_state"}, // it is active
 		{"DELETE", p + "delete/" + deleted, e.key, "", "", 409, "wrong_state"},
 		{"POST", p + "update/" + deleted, e.key, `{"amount":"1"}`, "", 409, "wrong_state"},
+		{"POST", p + "update/" + id, e.key, `{"ApplicationFeePercentage":"2"}`, "", 400, "invalid_request"},
 		{"GET", "/nope", e.key, "", "", 404, "not_found"},
 		{"GET", p + "history/" + id, e.key, "", "", 404, "not_found"}, // removed
-		{"GET", "/metrics", "", "", "", 404, "not_found"},             // removed
 		{"GET", p + "get/../create", e.key, "", "", 404, "not_found"}, // never redirected
 		{"GET", p + "get/%2e%2e/x", e.key, "", "", 404, "not_found"},
 		{"POST", create + "/", e.key, body, "", 404, "not_found"},
 		{"GET", create, e.key, "", "", 405, "method_not_allowed"},
 		{"OPTIONS", create, "", "", "", 405, "method_not_allowed"},
 		{"POST", create, e.key, body, "Content-Type: text/plain", 415, "unsupported_media_type"},
+		{"POST", create, e.key, body, "Content-Type: application/xml", 415, "unsupported_media_type"},
 		{"POST", create, e.key, strings.Repeat(" ", 64<<10) + body, "", 413, "payload_too_large"},
 		{"POST", create, e.key, body, "Content-Type: application/json; charset=utf-8", 200, ""},
 		{"POST", create, e.key, body, "Content-Type: application/vnd.x+json", 200, ""},
-		{"POST", create, e.key, body, "Idempotency-Key: k1", 400, "invalid_request"}, // removed
-		{"DELETE", p + "delete/" + id, e.key, "", "Idempotency-Key: k2", 400, "invalid_request"},
+		{"GET", p + "get/" + id, e.key, "", "Idempotency-Key: k", 200, ""}, // refused on writes only
+		{"POST", create, e.key, body, "Idempotency-Key: k", 400, "invalid_request"},
+		{"POST", create, e.key, body, "Idempotency-Key: ", 400, "invalid_request"},
+		{"DELETE", p + "delete/" + id, e.key, "", "Idempotency-Key: k", 400, "invalid_request"},
 		{"DELETE", p + "delete/" + id, e.key, "", `If-Match: "01"`, 400, "invalid_request"},
+		{"DELETE", p + "delete/" + id, e.key, "", `If-Match: "0"`, 400, "invalid_request"},
+		{"DELETE", p + "delete/" + id, e.key, "", `If-Match: 1`, 400, "invalid_request"},
+		{"DELETE", p + "delete/" + id, e.key, "", `If-Match: 1"`, 400, "invalid_request"},
 		{"DELETE", p + "delete/" + id, e.key, "", `If-Match: "2"`, 412, "precondition_failed"},
+		{"POST", p + "restore/" + deleted, e.key, "", `If-Match: *`, 200, ""},
 	} {
 		var headers []string
 		if name, value, ok := strings.Cut(c.header, ": "); ok {
@@ -291,26 +300,39 @@ func TestStatusCodesAndHeaders(t *testing.T) {
 		n, created := e.buttons(), c.path == create && c.status == 200
 		expect(t, created == (n == buttons+1), "%s: got %d buttons, had %d", r.request, n, buttons)
 		h := r.header
-		expect(t, h.Get("Cache-Control") == "no-store" && h.Get("X-Content-Type-Options") == "nosniff",
-			"%s: got headers %v, want no-store and nosniff", r.request, h)
-		if strings.HasPrefix(c.header, "Idempotency-Key") {
+		expect(t, h.Get("Cache-Control") == "no-store" && h.Get("X-Content-Type-Options") == "nosniff" &&
+			(h.Get("ETag") != "") == (c.status == 200), "%s: got headers %v", r.request, h)
+		if strings.HasPrefix(c.header, "Idempotency-Key") && c.status == 400 {
 			r.wantFields(t, "Idempotency-Key")
 		}
 	}
 	after := e.stored("acme", id)
 	expect(t, reflect.DeepEqual(after, before), "got %s, want acme's button unchanged", jsonOf(after))
-	// Reads never answer 429 and write nothing: the WAL does not grow.
-	wal, _ := os.Stat(e.db + "-wal")
-	for range 120 {
-		e.do("GET", p+"get/"+id, e.key, "", "X-Request-Id", "trace-7").want(t, 200, "")
+	// A 400 names at most 20 problems, each name cut to 40 characters, and says how many more there were.
+	many := m{"a" + strings.Repeat("é", 44): 1, "applicationFeePercentage": "1"}
+	for i := range 23 {
+		many[fmt.Sprint("unknown", i)] = i
 	}
-	walAfter, _ := os.Stat(e.db + "-wal")
-	expect(t, walAfter.Size() == wal.Size(), "120 gets grew the WAL from %d to %d", wal.Size(), walAfter.Size())
-	line := regexp.QuoteMeta(fmt.Sprintf("status=200 duration=")) + `\S+ ` +
-		regexp.QuoteMeta(fmt.Sprintf("requestId=trace-7 keyId=%s buttonId=%s", e.keyID, id))
-	expect(t, regexp.MustCompile(line).MatchString(e.logged()), "no access log line %s in\n%s", line, e.logged())
-	// HEAD is get without a body.
-	req, _ := http.NewRequest("HEAD", e.url+p+"get/"+id, nil)
+	r := e.do("POST", create, e.key, jsonOf(many))
+	r.want(t, 400, "invalid_request")
+	expect(t, len(r.env.Errors) == 20 && r.env.Errors["a"+strings.Repeat("é", 38)+"…"] != "" &&
+		r.env.Errors["applicationFeePercentage"] == `unknown name; did you mean "ApplicationFeePercentage"?` &&
+		strings.HasSuffix(r.env.Message, " and 11 more"), "31 problems: got %s", r.raw)
+}
+
+// Every answer has its request id: the caller's when it is sane. GET routes answer HEAD. A read writes
+// nothing, and never answers 429. The access log names the request, the key and the button.
+func TestHeadersAndLog(t *testing.T) {
+	t.Parallel()
+	e := newTestServer(t)
+	get := "/product-payment/get/" + e.create(e.key, createBody(nil))
+	for sent, echoed := range map[string]bool{"trace-7:x_y.z": true, "a=b": false, strings.Repeat("x", 129): false} {
+		got := e.do("GET", "/healthz", "", "", "X-Request-Id", sent).header.Get("X-Request-Id")
+		expect(t, (got == sent) == echoed && strings.HasPrefix(got, "req_") != echoed, "%q: got %q", sent, got)
+	}
+	allow := e.do("POST", "/healthz", "", "").header.Get("Allow")
+	expect(t, allow == "GET, HEAD", "POST /healthz: got Allow %q, want GET, HEAD", allow)
+	req, _ := http.NewRequest("HEAD", e.url+get, nil)
 	req.Header.Set("X-API-KEY", e.key)
 	resp, err := http.DefaultClient.Do(req)
 	require(t, err == nil, "HEAD: %v", err)
@@ -318,9 +340,19 @@ func TestStatusCodesAndHeaders(t *testing.T) {
 	resp.Body.Close()
 	expect(t, resp.StatusCode == 200 && resp.Header.Get("ETag") == `"1"` && len(text) == 0,
 		"HEAD get: got %d, %v, %q; want 200, ETag \"1\", no body", resp.StatusCode, resp.Header, text)
+	wal, err := os.ReadFile(e.db + "-wal")
+	for range 120 {
+		e.do("GET", get, e.key, "", "X-Request-Id", "trace-8").want(t, 200, "")
+	}
+	walAfter, err2 := os.ReadFile(e.db + "-wal")
+	expect(t, cmp.Or(err, err2) == nil && bytes.Equal(wal, walAfter), "120 gets changed the WAL (%v)",
+		cmp.Or(err, err2))
+	line := fmt.Sprintf(`status=200 duration=\S+ requestId=trace-8 keyId=%s buttonId=%s\n`, e.keyID, path.Base(get))
+	expect(t, regexp.MustCompile(line).MatchString(e.logged()), "no log line %s in\n%s", line, e.logged())
 }
 
-// list pages newest first and filters; each query parameter is checked, and removed ones are refused.
+// list pages newest first and filters; each query parameter is checked. While buttons are made, pages
+// never skip or repeat one.
 func TestList(t *testing.T) {
 	t.Parallel()
 	e := newTestServer(t)
@@ -331,6 +363,8 @@ func TestList(t *testing.T) {
 		time.Sleep(time.Millisecond) // ids sort by millisecond
 	}
 	e.do("DELETE", "/product-payment/delete/"+ids[4], e.key, "").want(t, 200, "")
+	deleted := e.stored("acme", ids[4])
+	expect(t, deleted.UpdatedAt > deleted.CreatedAt && deleted.Version == 2, "got %s", jsonOf(deleted))
 	e.create(e.otherKey, createBody(nil))
 	for _, c := range []struct {
 		query string
@@ -338,6 +372,7 @@ func TestList(t *testing.T) {
 		next  string // the last id when more follow, else ""
 	}{
 		{"", []string{ids[3], ids[2], ids[1], ids[0]}, ""},
+		{"limit=4", []string{ids[3], ids[2], ids[1], ids[0]}, ""},
 		{"limit=3", []string{ids[3], ids[2], ids[1]}, ids[1]},
 		{"limit=2&after=" + ids[3], []string{ids[2], ids[1]}, ids[1]},
 		{"state=deleted", []string{ids[4]}, ""},
@@ -349,11 +384,35 @@ func TestList(t *testing.T) {
 		expect(t, slices.Equal(got, c.want) && next == c.next, "list?%s: got %v and next %q, want %v and %q",
 			c.query, got, next, c.want, c.next)
 	}
-	for query, field := range map[string]string{"limit=0": "limit", "limit=101": "limit", "limit=+5": "limit",
-		"limit=1&limit=2": "limit", "after=btn_x": "after", "state=gone": "state", "isLive=1": "isLive",
-		"paymentMethod=stripe": "paymentMethod", "%zz": "query",
-		"metadata%5Bteam%5D=web": "metadata[team]", "since=0": "since"} { // the last two: removed
+	for query, field := range map[string]string{"limit=0": "limit", "limit=101": "limit", "limit=%2B5": "limit",
+		"limit=1&limit=2": "limit", "after=btn_x": "after", "after=btn_00": "after", "state=gone": "state",
+		"isLive=1": "isLive", "paymentMethod=stripe": "paymentMethod", "%zz": "query", "since=0": "since"} {
 		e.do("GET", "/product-payment/list?"+query, e.key, "").wantFields(t, field)
+	}
+	existing := map[string]int{}
+	for range 20 {
+		existing[e.create(e.key, createBody(nil))] = 0
+	}
+	first, _ := e.page("")
+	expect(t, len(first) == 20, "list: got %d buttons, want 20 by default", len(first))
+	stop, done := make(chan bool, 1), make(chan bool)
+	go func() {
+		defer close(done)
+		for len(stop) == 0 {
+			callAPI(http.DefaultClient, "POST", e.url+"/product-payment/create", e.key, createBody(nil))
+		}
+	}()
+	for after, more := "", true; more; more = after != "" {
+		var ids []string
+		ids, after = e.page("limit=3&after=" + after)
+		for _, id := range ids {
+			existing[id]++
+		}
+	}
+	stop <- true
+	<-done
+	for id, n := range existing {
+		expect(t, n == 1, "the pages gave %s, made before they began, %d times; want once", id, n)
 	}
 }
 
@@ -379,43 +438,6 @@ func (e *testEnv) page(query string) ([]string, string) {
 	return ids, *page.Next
 }
 
-// Pages never skip or repeat a button while others are created, in the same milliseconds too.
-func TestPagesWhileCreating(t *testing.T) {
-	t.Parallel()
-	e := newTestServer(t)
-	existing := map[string]int{}
-	for range 40 {
-		existing[e.create(e.key, createBody(nil))] = 0
-	}
-	stop, done := make(chan bool), make(chan bool)
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-				callAPI(http.DefaultClient, "POST", e.url+"/product-payment/create", e.key, createBody(nil))
-			}
-		}
-	}()
-	seen, after := map[string]bool{}, ""
-	for first := true; first || after != ""; first = false {
-		ids, next := e.page("limit=3&after=" + after)
-		for _, id := range ids {
-			expect(t, !seen[id], "list gave %s twice", id)
-			seen[id] = true
-			existing[id]++
-		}
-		after = next
-	}
-	close(stop)
-	<-done
-	for id, n := range existing {
-		expect(t, n == 1, "the pages gave %s, made before they began, %d times; want once", id, n)
-	}
-}
-
 // Every set of filters a list may send is a search of an index that ends in id: no scan, no sort.
 func TestListUsesAnIndex(t *testing.T) {
 	t.Parallel()
@@ -438,17 +460,21 @@ func TestListUsesAnIndex(t *testing.T) {
 	}
 }
 
-// Ids sort by the millisecond they were made in, and none is the one before it plus one.
+// Ids begin with the millisecond they were made in, then 80 random bits: none is the one before plus one.
 func TestIDs(t *testing.T) {
 	var last [16]byte
+	first, random := uint64(time.Now().UnixMilli()), map[uint16]bool{}
 	for range 5000 {
 		id := newButtonID()
 		raw, _ := crockford.DecodeString(strings.TrimPrefix(id, "btn_"))
-		require(t, validButtonID(id) && bytes.Compare(raw[:6], last[:6]) >= 0, "got %s after %x", id, last)
-		random, before := binary.BigEndian.Uint64(raw[8:]), binary.BigEndian.Uint64(last[8:])
-		expect(t, random != before+1 && random != before, "got %s after %x: derived from it", id, last)
+		ms := binary.BigEndian.Uint64(raw) >> 16
+		require(t, validButtonID(id) && ms >= first && ms <= uint64(time.Now().UnixMilli()), "got %s", id)
+		low, lastLow := binary.BigEndian.Uint64(raw[8:]), binary.BigEndian.Uint64(last[8:])
+		expect(t, low != lastLow+1 && low != lastLow, "got %s after %x: derived from it", id, last)
+		random[binary.BigEndian.Uint16(raw[6:])] = true
 		last = [16]byte(raw)
 	}
+	expect(t, len(random) > 1, "bits 48 to 63 of every id: got %v, want random bits", random)
 }
 
 // A write waits at most 5 s behind another process's lock: then 503 with Retry-After, nothing stored
@@ -527,7 +553,9 @@ func TestFaults(t *testing.T) {
 	e.store.reader.Close()
 	r = e.do("GET", "/healthz", "", "")
 	r.want(t, 503, "unavailable")
-	expect(t, r.header.Get("Retry-After") == "1", "got headers %v, want Retry-After: 1", r.header)
+	requestID := r.header.Get("X-Request-Id") // a new one, which the log names
+	expect(t, r.header.Get("Retry-After") == "1" && strings.Contains(e.logged(), "requestId="+requestID+" status=503"),
+		"/healthz without a database: got %v, and log\n%s", r.header, e.logged())
 	var logs bytes.Buffer
 	s := &server{log: slog.New(slog.NewTextHandler(&logs, nil))}
 	rec, req := httptest.NewRecorder(), httptest.NewRequest("GET", "/x", nil)

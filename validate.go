@@ -460,10 +460,10 @@ func parseIfMatch(header string) (int64, error) {
 	if header == "" || header == "*" {
 		return 0, nil
 	}
-	digits, _ := strings.CutPrefix(header, `"`)
-	digits, quoted := strings.CutSuffix(digits, `"`)
+	digits, opened := strings.CutPrefix(header, `"`)
+	digits, closed := strings.CutSuffix(digits, `"`)
 	version, err := strconv.ParseInt(digits, 10, 64)
-	if !quoted || err != nil || version < 1 || strconv.FormatInt(version, 10) != digits {
+	if !opened || !closed || err != nil || version < 1 || strconv.FormatInt(version, 10) != digits {
 		return 0, invalid(map[string]string{"If-Match": `must be a version in quotes, as the ETag gives it: "3"`})
 	}
 	return version, nil
