@@ -349,21 +349,24 @@ func (f *fields) amount(currency string) string {
 	d, ok := f.decimal("amount")
 	if !ok {
 		return ""
+	} else if d.isZero() {
+		f.fail("amount", "must be greater than zero")
+		return ""
+	} else if currency == "" { // nothing to check the amount against
+		return ""
 	}
 	exp := currencyExponents[currency]
 	n, fits := d.scaled(exp, maxAmountMinor)
-	if d.isZero() {
-		f.fail("amount", "must be greater than zero")
-	} else if currency != "" && len(d.frac) > exp {
+	if len(d.frac) > exp {
 		f.fail("amount", fmt.Sprintf("cannot be expressed in %s, which has %d decimal places",
 			currency, exp))
-	} else if currency != "" && !fits {
+		return ""
+	} else if !fits {
 		f.fail("amount", fmt.Sprintf("is above the maximum of %s %s",
 			formatScaled(maxAmountMinor, exp), currency))
-	} else if currency != "" {
-		return formatScaled(n, exp)
+		return ""
 	}
-	return ""
+	return formatScaled(n, exp)
 }
 
 // fee returns ApplicationFeePercentage with two decimal places ("2.50"): 0.01 to 100 with at most 2
@@ -372,18 +375,19 @@ func (f *fields) fee(method string) string {
 	d, ok := f.decimal(feeField)
 	if !ok {
 		return ""
+	} else if method != "StripeConnect" && method != "" {
+		f.fail(feeField, "is only allowed when paymentMethod is StripeConnect")
+		return ""
 	}
 	basisPoints, fits := d.scaled(2, 10_000)
-	if method != "StripeConnect" && method != "" {
-		f.fail(feeField, "is only allowed when paymentMethod is StripeConnect")
-	} else if len(d.frac) > 2 {
+	if len(d.frac) > 2 {
 		f.fail(feeField, "must have at most 2 decimal places")
+		return ""
 	} else if !fits || basisPoints == 0 {
 		f.fail(feeField, "must be between 0.01 and 100")
-	} else {
-		return formatScaled(basisPoints, 2)
+		return ""
 	}
-	return ""
+	return formatScaled(basisPoints, 2)
 }
 
 // decimal returns name's plain decimal, a JSON string or a JSON number read from its text, and
