@@ -40,6 +40,8 @@ type reply struct {
 // newServer returns the whole API. Every answer but the OpenAPI document is the JSON envelope, the
 // mux's own 404 and 405 included.
 func newServer(st *store, log *slog.Logger, providerName string) http.Handler {
+	// The document lists the default name as paymentMethod's first value, its one JSON string
+	// "the service".
 	name, _ := json.Marshal(providerName)
 	s := &server{store: st, log: log, providerName: providerName,
 		document: bytes.ReplaceAll(openAPIDocument, []byte(`"the service"`), name)}

@@ -137,14 +137,12 @@ func serve(ctx context.Context, fs *flag.FlagSet, db *string, args []string,
 		log = slog.New(slog.NewJSONHandler(stderr, nil))
 	}
 	srv := &http.Server{
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      15 * time.Second,
-		IdleTimeout:       60 * time.Second,
-		// net/http reads up to 4 KiB past MaxHeaderBytes before it refuses: the most it takes is 16
-		// KiB.
-		MaxHeaderBytes:               12 << 10,
-		DisableGeneralOptionsHandler: true, // OPTIONS * gets the envelope too
+		ReadHeaderTimeout:            5 * time.Second,
+		ReadTimeout:                  10 * time.Second,
+		WriteTimeout:                 15 * time.Second,
+		IdleTimeout:                  60 * time.Second,
+		MaxHeaderBytes:               12 << 10, // net/http allows 4 KiB more: 16 KiB in all
+		DisableGeneralOptionsHandler: true,     // OPTIONS * gets the envelope too
 		ErrorLog:                     slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	var certificates []tls.Certificate

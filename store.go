@@ -498,7 +498,7 @@ var crockford = base32.NewEncoding("0123456789ABCDEFGHJKMNPQRSTVWXYZ").WithPaddi
 // from another.
 func newButtonID() string {
 	var raw [16]byte
-	binary.BigEndian.PutUint64(raw[:8], uint64(time.Now().UnixMilli())<<16)
+	binary.BigEndian.PutUint64(raw[:8], uint64(time.Now().UnixMilli())<<16) // bytes 0 to 5
 	rand.Read(raw[6:])
 	return "btn_" + crockford.EncodeToString(raw[:])
 }
