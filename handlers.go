@@ -91,8 +91,8 @@ func (s *server) handleCreate(r *http.Request, key apiKey) (reply, error) {
 }
 
 func (s *server) handleGet(r *http.Request, key apiKey) (reply, error) {
-	b, err := s.store.get(r.Context(), key.Account, r.PathValue("id"))
-	return reply{b, "ok", b.Version}, err
+	b, version, err := s.store.get(r.Context(), key.Account, r.PathValue("id"))
+	return reply{b, "ok", version}, err
 }
 
 func (s *server) handleList(r *http.Request, key apiKey) (reply, error) {

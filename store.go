@@ -125,7 +125,8 @@ CREATE TABLE buttons (
 	state          TEXT NOT NULL, -- the fields of the button that list filters on
 	is_live        INTEGER NOT NULL,
 	payment_method TEXT NOT NULL,
-	button         TEXT NOT NULL, -- the button, as JSON
+	version        INTEGER NOT NULL, -- and the one get sends as the ETag
+	button         TEXT NOT NULL, -- the button, as JSON: get sends it as it is
 	PRIMARY KEY (account, id)
 ) STRICT, WITHOUT ROWID;
 -- An index for each set of filters a list may name, each ending in id: a page reads its own
@@ -168,7 +169,7 @@ func openStore(path string, create bool) (*store, error) {
 			FROM api_keys WHERE secret_hash = ? AND revoked_at = ''`)
 	}
 	if err == nil {
-		s.buttonByID, err = reader.Prepare(`SELECT button FROM buttons
+		s.buttonByID, err = reader.Prepare(`SELECT version, button FROM buttons
 			WHERE account = ? AND id = ?`)
 	}
 	if err != nil {
@@ -372,9 +373,15 @@ func scanButton(row interface{ Scan(...any) error }) (b button, err error) {
 	return b, err
 }
 
-// get returns account's button id, deleted or not.
-func (s *store) get(ctx context.Context, account, id string) (button, error) {
-	return scanButton(s.buttonByID.QueryRowContext(ctx, account, id))
+// get returns account's button id, deleted or not, as its JSON, and its version.
+func (s *store) get(ctx context.Context, account, id string) (json.RawMessage, int64, error) {
+	var text []byte
+	var version int64
+	err := s.buttonByID.QueryRowContext(ctx, account, id).Scan(&version, &text)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, 0, errNotFound
+	}
+	return text, version, err
 }
 
 // list returns a page of account's buttons, newest first, and whether more follow.
@@ -452,8 +459,8 @@ func (s *store) change(ctx context.Context, account, id string, ifMatch int64,
 func save(tx *sql.Tx, account string, b button) error {
 	text, _ := json.Marshal(b)
 	_, err := tx.Exec(`INSERT OR REPLACE INTO buttons
-		(account, id, state, is_live, payment_method, button) VALUES (?, ?, ?, ?, ?, ?)`,
-		account, b.ID, b.State, b.IsLive, b.PaymentMethod, string(text))
+		(account, id, state, is_live, payment_method, version, button) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+		account, b.ID, b.State, b.IsLive, b.PaymentMethod, b.Version, string(text))
 	return err
 }
 
