@@ -98,26 +98,18 @@ func TestBesideTwoServers(t *testing.T) {
 	expect(t, exitStatus(err) == 1 && bytes.Equal(now, copied), "backup over a file: got %v, want 1", err)
 	expect(t, bytes.Contains(copied, []byte(`{"id":"`+id+`"`)) && bytes.Contains(copied, []byte(`"version":2`)),
 		"the copy does not hold %s at version 2", id)
-	// check says ok of the file and its copy, and finds damage: in a page, or an index that is not its
-	// table's.
+	// check says ok of the file and its copy, and finds the damage of an index that is not its table's.
 	for _, file := range []string{db, dest} {
 		out, _, err := runCLI(t, env, "check", "-db", file)
 		expect(t, err == nil && out == "ok\n", "check of %s: got %q (%v), want ok", file, out, err)
 	}
-	os.WriteFile(dir+"/index.db", copied, 0o600)
-	wrong, _ := sql.Open("sqlite", dir+"/index.db")
-	_, err = wrong.Exec(`PRAGMA writable_schema = ON; UPDATE sqlite_schema SET sql = replace(sql, 'state, id',
+	damaged, _ := sql.Open("sqlite", dest)
+	_, err = damaged.Exec(`PRAGMA writable_schema = ON; UPDATE sqlite_schema SET sql = replace(sql, 'state, id',
 		'id, state') WHERE name = 'buttons_by_state'`)
-	wrong.Close()
-	for i := 4096; i < 2*4096; i += 7 { // page 2, a table's root
-		copied[i] ^= 0x5a
-	}
-	os.WriteFile(dest, copied, 0o600)
-	for file, says := range map[string]string{dest: "malformed", dir + "/index.db": "missing from index"} {
-		out, _, err2 := runCLI(t, env, "check", "-db", file)
-		expect(t, err == nil && exitStatus(err2) == 1 && strings.Contains(fmt.Sprint(out, err2), says),
-			"check of a damaged %s: got %q, %v; want exit status 1 saying %q", file, out, err2, says)
-	}
+	damaged.Close()
+	out, _, err2 = runCLI(t, env, "check", "-db", dest)
+	expect(t, err == nil && exitStatus(err2) == 1 && strings.Contains(out, "missing from index"),
+		"check of a damaged copy: got %q, %v; want exit status 1 and the damage", out, err2)
 	if err := os.Link(db, dir+"/hard.db"); err != nil || runtime.GOOS == "windows" { // no link count there
 		t.Logf("no hard link counted here (%v): that case is left out", err)
 	} else {

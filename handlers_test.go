@@ -117,7 +117,7 @@ func callAPI(client *http.Client, method, url, key, body string, headers ...stri
 	defer resp.Body.Close()
 	r.status, r.header = resp.StatusCode, resp.Header
 	r.raw, err = io.ReadAll(resp.Body)
-	if err != nil {
+	if err != nil || method == "HEAD" { // no body to check
 		return r, err
 	}
 	if err := json.Unmarshal(r.raw, &r.env); err != nil && !strings.HasSuffix(url, "/openapi.json") {
@@ -184,8 +184,9 @@ func (e *testEnv) create(key, body string) string {
 // stored reads account's button id from the database, or fails the test.
 func (e *testEnv) stored(account, id string) button {
 	e.t.Helper()
-	b, err := e.store.get(context.Background(), account, id)
-	require(e.t, err == nil, "read back %s: %v", id, err)
+	text, _, err := e.store.get(context.Background(), account, id)
+	var b button
+	require(e.t, err == nil && json.Unmarshal(text, &b) == nil, "read back %s: %v", id, err)
 	return b
 }
 
@@ -332,14 +333,9 @@ func TestHeadersAndLog(t *testing.T) {
 	}
 	allow := e.do("POST", "/healthz", "", "").header.Get("Allow")
 	expect(t, allow == "GET, HEAD", "POST /healthz: got Allow %q, want GET, HEAD", allow)
-	req, _ := http.NewRequest("HEAD", e.url+get, nil)
-	req.Header.Set("X-API-KEY", e.key)
-	resp, err := http.DefaultClient.Do(req)
-	require(t, err == nil, "HEAD: %v", err)
-	text, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	expect(t, resp.StatusCode == 200 && resp.Header.Get("ETag") == `"1"` && len(text) == 0,
-		"HEAD get: got %d, %v, %q; want 200, ETag \"1\", no body", resp.StatusCode, resp.Header, text)
+	head := e.do("HEAD", get, e.key, "")
+	expect(t, head.status == 200 && head.header.Get("ETag") == `"1"` && len(head.raw) == 0, "HEAD get: got %d, "+
+		"%v, %q; want 200, ETag \"1\", no body", head.status, head.header, head.raw)
 	wal, err := os.ReadFile(e.db + "-wal")
 	for range 120 {
 		e.do("GET", get, e.key, "", "X-Request-Id", "trace-8").want(t, 200, "")
@@ -440,23 +436,19 @@ func (e *testEnv) page(query string) ([]string, string) {
 
 // Every set of filters a list may send is a search of an index that ends in id: no scan, no sort.
 func TestListUsesAnIndex(t *testing.T) {
-	t.Parallel()
 	e, yes := newTestServer(t), true
-	for _, state := range []string{"active", "deleted", "all"} {
-		for _, isLive := range []*bool{nil, &yes} {
-			for _, method := range []string{"", "Stripe"} {
-				q := listQuery{Limit: 20, After: "btn_1", State: state, IsLive: isLive, PaymentMethod: method}
-				query, args := q.sql("acme")
-				rows, err := e.store.reader.Query("EXPLAIN QUERY PLAN "+query, args...)
-				plan, err := collect(rows, err, func(r *sql.Rows) (detail string, err error) {
-					var id, parent, unused int
-					return detail, r.Scan(&id, &parent, &unused, &detail)
-				})
-				ok := len(plan) == 1 && regexp.MustCompile(`^SEARCH buttons USING (PRIMARY KEY|INDEX \w+) `+
-					`\(account=\?`+strings.Repeat(` AND \w+=\?`, len(args)-3)+` AND id<\?\)$`).MatchString(plan[0])
-				expect(t, err == nil && ok, "%+v: got plan %q (%v), want one search with every filter", q, plan, err)
-			}
-		}
+	for i := range 12 {
+		q := listQuery{Limit: 20, After: "btn_1", State: []string{"active", "deleted", "all"}[i%3]}
+		q.IsLive, q.PaymentMethod = []*bool{nil, &yes}[i/3%2], []string{"", "Stripe"}[i/6]
+		query, args := q.sql("acme")
+		rows, err := e.store.reader.Query("EXPLAIN QUERY PLAN "+query, args...)
+		plan, err := collect(rows, err, func(r *sql.Rows) (step string, err error) {
+			return step, r.Scan(new(int), new(int), new(int), &step)
+		})
+		search := `^\[SEARCH buttons USING (PRIMARY KEY|INDEX \w+) \(account=\?` +
+			strings.Repeat(` AND \w+=\?`, len(args)-3) + ` AND id<\?\)\]$`
+		expect(t, err == nil && regexp.MustCompile(search).MatchString(fmt.Sprint(plan)), "%+v: got plan %q (%v)",
+			q, plan, err)
 	}
 }
 
