@@ -20,6 +20,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
 var update = flag.Bool("update", false, "write this run's outputs into ../../README.md")
@@ -230,4 +232,51 @@ func freePort(t *testing.T) string {
 	defer ln.Close()
 	_, port, _ := net.SplitHostPort(ln.Addr().String())
 	return port
+}
+
+// Every body the walkthrough sends and the server accepts matches its request schema in openapi.json.
+func TestREADMEBodiesMatchTheDocument(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	document, err := os.Open("../../openapi.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer document.Close()
+	compiler, schemas := jsonschema.NewCompiler(), map[string]*jsonschema.Schema{}
+	doc, err := jsonschema.UnmarshalJSON(document)
+	if err == nil {
+		err = compiler.AddResource("openapi.json", doc)
+	}
+	for op, schema := range map[string]string{"create": "CreateButtonRequest", "update/": "UpdateButtonRequest"} {
+		if err == nil {
+			schemas[op], err = compiler.Compile("openapi.json#/components/schemas/" + schema)
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	bodies, checked := map[string]string{}, 0
+	for _, c := range parse(strings.Split(string(readme), "\n")) {
+		if v := regexp.MustCompile(`(?s)^(\w+)='(\{.*\})'$`).FindStringSubmatch(c.text); v != nil {
+			bodies["$"+v[1]] = v[2] // BODY='...'
+		}
+		sent := regexp.MustCompile(`(?s)/(create|update/).*? -d (?:'([^']+)'|"(\$\w+)")`).FindStringSubmatch(c.text)
+		if sent == nil || !strings.Contains(strings.Join(c.output, "\n"), `{"isSuccess":true`) {
+			continue
+		}
+		body, err := jsonschema.UnmarshalJSON(strings.NewReader(sent[2] + bodies[sent[3]]))
+		if err == nil {
+			err = schemas[sent[1]].Validate(body)
+		}
+		if err != nil {
+			t.Errorf("README.md: $ %s\nthe body does not match openapi.json: %v", c.text, err)
+		}
+		checked++
+	}
+	if checked < 4 {
+		t.Errorf("checked %d bodies of the walkthrough, want every one (4 or more)", checked)
+	}
 }
