@@ -5,8 +5,8 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -19,35 +19,114 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
-// Two servers on one file, one through a symlink, serve together: each reads what the other writes,
-// and of concurrent If-Match updates split across them one wins. The commands work beside them and the
-// servers see what they change. The commands read PAYBUTTONS_DB, and no other variable.
+// runCLI runs the program in this process and fails the test unless it exits with status. A serve that
+// should have been refused stops after 10 s, exit status 0.
+func runCLI(t testing.TB, env map[string]string, status int, args ...string) (string, string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	err := run(ctx, append([]string{"paybuttons"}, args...), func(name string) string { return env[name] },
+		&stdout, &stderr)
+	expect(t, exitStatus(err) == status, "%q: got %v, stdout %q, stderr %q; want exit status %d", args, err,
+		stdout.String(), stderr.String(), status)
+	return stdout.String(), stderr.String(), err
+}
+
+// execSQL runs statements on the SQLite file at path, as another program would.
+func execSQL(path, statements string) error {
+	db, _ := sql.Open("sqlite", path)
+	defer db.Close()
+	_, err := db.Exec(statements)
+	return err
+}
+
+// TestHelperServerProcess is not a test: started by childCommand, it is the program (args after "--").
+func TestHelperServerProcess(t *testing.T) {
+	if os.Getenv("PAYBUTTONS_TEST_CHILD") != "1" {
+		t.Skip("the program itself, run as a child process by other tests")
+	}
+	go func() { // the test that started it has ended, however it ended: its end of stdin is closed
+		io.Copy(io.Discard, os.Stdin)
+		os.Exit(3)
+	}()
+	os.Args = append([]string{"paybuttons"}, os.Args[slices.Index(os.Args, "--")+1:]...)
+	main() // which exits with the status of an error
+	os.Exit(0)
+}
+
+// childCommand is the program as a child process that dies with this test process, or at 30 s,
+// without PAYBUTTONS_ variables or -race's exit sleep.
+func childCommand(t *testing.T, args ...string) *exec.Cmd {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	cmd := exec.CommandContext(ctx, os.Args[0], append([]string{"-test.run=^TestHelperServerProcess$", "--"},
+		args...)...)
+	env := slices.DeleteFunc(os.Environ(), func(v string) bool { return strings.HasPrefix(v, "PAYBUTTONS_") })
+	cmd.Env = append(env, "PAYBUTTONS_TEST_CHILD=1", "GORACE="+os.Getenv("GORACE")+" atexit_sleep_ms=0")
+	cmd.StdinPipe() // its other end is this process's: the system closes it when this process ends
+	// A grandchild (under runuser) that outlives the child cannot hang the test by holding its output.
+	cmd.WaitDelay = time.Second
+	return cmd
+}
+
+// child is `paybuttons serve` as a child process, its output going to the file log.
+type child struct {
+	cmd      *exec.Cmd
+	log, url string
+	gone     atomic.Bool // it has exited, and cmd.ProcessState is set
+}
+
+func (c *child) output() string { text, _ := os.ReadFile(c.log); return string(text) }
+
+// startChild serves db in a child process, killed when the test ends, and returns once it listens.
+func startChild(t *testing.T, db string) *child {
+	t.Helper()
+	c := &child{cmd: childCommand(t, "serve", "-addr", "127.0.0.1:0", "-db", db), log: t.TempDir() + "/log"}
+	out, err := os.Create(c.log)
+	require(t, err == nil, "%v", err)
+	defer out.Close() // the child has its own
+	c.cmd.Stdout, c.cmd.Stderr = out, out
+	err = c.cmd.Start()
+	require(t, err == nil, "cannot start the server: %v", err)
+	go func() { c.cmd.Wait(); c.gone.Store(true) }()
+	t.Cleanup(func() { c.cmd.Process.Kill(); awaitTrue(c.gone.Load) })
+	listening := regexp.MustCompile(`msg=listening url=(\S+) `) // the space: the whole port is there
+	awaitTrue(func() bool { return listening.MatchString(c.output()) || c.gone.Load() })
+	url := listening.FindStringSubmatch(c.output())
+	require(t, url != nil, "the server exited, or did not listen within 20 s:\n%s", c.output())
+	c.url = url[1]
+	return c
+}
+
+// Two servers on one file (one through a symlink) and the commands work side by side: each sees what the
+// others write, one of concurrent If-Match updates wins, and the commands read PAYBUTTONS_DB alone.
 func TestBesideTwoServers(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	db, dest := dir+"/pay.db", dir+"/copy.db"
-	first, second := startChild(t, db), (*child)(nil)
+	db, sym, dest := dir+"/pay.db", dir+"/sym.db", dir+"/copy.db"
+	first := startChild(t, db)
 	expect(t, strings.Contains(first.output(), "no API key exists: make one with `paybuttons keys create") &&
 		!strings.Contains(first.output(), "pbk_"), "a first start off a terminal: got\n%s", first.output())
-	if err := os.Symlink(db, dir+"/sym.db"); err != nil {
+	if err := os.Symlink(db, sym); err != nil {
 		t.Logf("no symlink here (%v): the second server opens the file by its name", err)
-		second = startChild(t, db)
-	} else {
-		second = startChild(t, dir+"/sym.db")
+		sym = db
 	}
+	e1, e2 := &testEnv{t: t, url: first.url}, &testEnv{t: t, url: startChild(t, sym).url}
 	env := map[string]string{"PAYBUTTONS_DB": db, "PAYBUTTONS_ACCOUNT": "env", "PAYBUTTONS_READ_ONLY": "1"}
 	// keys create prints the key alone on stdout, and the servers take it at once.
 	var secrets, ids [2]string // of acme: read-write, read-only
+	created := regexp.MustCompile(`^paybuttons: created (key_\w+) for account "acme"\n$`)
 	for i, args := range [][]string{{"-account", "acme"}, {"-account", "acme", "-read-only"}} {
-		stdout, stderr, err := runCLI(t, env, append([]string{"keys", "create"}, args...)...)
-		id := regexp.MustCompile(`^paybuttons: created (key_\w+) for account "acme"\n$`).FindStringSubmatch(stderr)
-		require(t, err == nil && regexp.MustCompile(`^pbk_[\w-]{43}\n$`).MatchString(stdout) && id != nil,
-			"keys create %q: got %v, stdout %q, stderr %q", args, err, stdout, stderr)
+		stdout, stderr, _ := runCLI(t, env, 0, append([]string{"keys", "create"}, args...)...)
+		id := created.FindStringSubmatch(stderr)
+		require(t, regexp.MustCompile(`^pbk_[\w-]{43}\n$`).MatchString(stdout) && id != nil,
+			"keys create %q: got stdout %q, stderr %q", args, stdout, stderr)
 		secrets[i], ids[i] = strings.TrimSpace(stdout), id[1]
 	}
-	e1, e2 := &testEnv{t: t, url: first.url}, &testEnv{t: t, url: second.url}
 	id := e1.create(secrets[0], createBody(nil))
 	e2.do("GET", "/product-payment/get/"+id, secrets[1], "").want(t, 200, "")
 	var wins atomic.Int32
@@ -70,15 +149,14 @@ func TestBesideTwoServers(t *testing.T) {
 		"wins, then %v; want one, version 2", wins.Load(), r.header)
 	// keys revoke: both servers refuse the key at its next request. Revoking it again changes nothing;
 	// an unknown id is an error.
-	_, _, err := runCLI(t, env, "keys", "revoke", ids[0])
-	require(t, err == nil, "keys revoke: %v", err)
+	runCLI(t, env, 0, "keys", "revoke", ids[0])
 	e1.do("GET", "/product-payment/get/"+id, secrets[0], "").want(t, 401, "unauthorized")
 	e2.do("GET", "/product-payment/get/"+id, secrets[0], "").want(t, 401, "unauthorized")
-	list, _, _ := runCLI(t, env, "keys", "list")
-	_, _, err = runCLI(t, env, "keys", "revoke", ids[0])
-	again, _, _ := runCLI(t, env, "keys", "list")
-	_, _, err2 := runCLI(t, env, "keys", "revoke", "key_UNKNOWN")
-	expect(t, err == nil && again == list && exitStatus(err2) == 1, "revoke again: %v; unknown: %v", err, err2)
+	list, _, _ := runCLI(t, env, 0, "keys", "list")
+	runCLI(t, env, 0, "keys", "revoke", ids[0])
+	again, _, _ := runCLI(t, env, 0, "keys", "list")
+	runCLI(t, env, 1, "keys", "revoke", "key_UNKNOWN")
+	expect(t, again == list, "keys list after a second revoke: got %q, want %q", again, list)
 	// keys list shows every field but the secret, a key a line (keys made in one millisecond come in any
 	// order).
 	lines := []string{ids[0] + "\tacme\tread-write\tcreated @\trevoked @\n",
@@ -90,32 +168,27 @@ func TestBesideTwoServers(t *testing.T) {
 	// backup writes a copy that holds the button, never writes over a file, and passes over what a killed
 	// backup left.
 	os.WriteFile(dest+".partial", []byte("half a copy"), 0o600)
-	out, _, err := runCLI(t, env, "backup", dest)
-	expect(t, err == nil && strings.HasPrefix(out, "backup "), "backup: got %q (%v), want a copy", out, err)
+	out, _, _ := runCLI(t, env, 0, "backup", dest)
 	copied, _ := os.ReadFile(dest)
-	_, _, err = runCLI(t, env, "backup", dest)
+	runCLI(t, env, 1, "backup", dest)
 	now, _ := os.ReadFile(dest)
-	expect(t, exitStatus(err) == 1 && bytes.Equal(now, copied), "backup over a file: got %v, want 1", err)
-	expect(t, bytes.Contains(copied, []byte(`{"id":"`+id+`"`)) && bytes.Contains(copied, []byte(`"version":2`)),
-		"the copy does not hold %s at version 2", id)
+	held := bytes.Contains(copied, []byte(`{"id":"`+id+`"`)) && bytes.Contains(copied, []byte(`"version":2`))
+	expect(t, strings.HasPrefix(out, "backup ") && held && bytes.Equal(now, copied), "backup: got %q; "+
+		"a copy of %s at version 2: %v; kept by a second backup: %v", out, id, held, bytes.Equal(now, copied))
 	// check says ok of the file and its copy, and finds the damage of an index that is not its table's.
 	for _, file := range []string{db, dest} {
-		out, _, err := runCLI(t, env, "check", "-db", file)
-		expect(t, err == nil && out == "ok\n", "check of %s: got %q (%v), want ok", file, out, err)
+		out, _, _ := runCLI(t, env, 0, "check", "-db", file)
+		expect(t, out == "ok\n", "check of %s: got %q, want ok", file, out)
 	}
-	damaged, _ := sql.Open("sqlite", dest)
-	_, err = damaged.Exec(`PRAGMA writable_schema = ON; UPDATE sqlite_schema SET sql = replace(sql, 'state, id',
-		'id, state') WHERE name = 'buttons_by_state'`)
-	damaged.Close()
-	out, _, err2 = runCLI(t, env, "check", "-db", dest)
-	expect(t, err == nil && exitStatus(err2) == 1 && strings.Contains(out, "missing from index"),
-		"check of a damaged copy: got %q, %v; want exit status 1 and the damage", out, err2)
+	err := execSQL(dest, `PRAGMA writable_schema = ON; UPDATE sqlite_schema SET sql = replace(sql,
+		'state, id', 'id, state') WHERE name = 'buttons_by_state'`)
+	out, _, _ = runCLI(t, env, 1, "check", "-db", dest)
+	expect(t, err == nil && strings.Contains(out, "missing from index"), "damaged: got %q (%v)", out, err)
 	if err := os.Link(db, dir+"/hard.db"); err != nil || runtime.GOOS == "windows" { // no link count there
 		t.Logf("no hard link counted here (%v): that case is left out", err)
 	} else {
-		_, _, err := runCLI(t, env, "serve", "-db", dir+"/hard.db", "-addr", "127.0.0.1:0")
-		expect(t, exitStatus(err) == 1 && strings.Contains(fmt.Sprint(err), "has 2 hard links"),
-			"serve on a file with two hard links: got %v, want exit status 1 naming them", err)
+		_, _, err := runCLI(t, env, 1, "serve", "-db", dir+"/hard.db", "-addr", "127.0.0.1:0")
+		expect(t, strings.Contains(fmt.Sprint(err), "has 2 hard links"), "two hard links: got %v", err)
 	}
 }
 
@@ -124,26 +197,21 @@ func TestCommandLineRefusals(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	never, foreign, garbage, future := dir+"/never.db", dir+"/foreign.db", dir+"/not.db", dir+"/v2.db"
-	other, _ := sql.Open("sqlite", foreign)
-	_, err := other.Exec(`CREATE TABLE notes (body TEXT); INSERT INTO notes VALUES ('mine')`)
-	other.Close()
+	err := execSQL(foreign, `CREATE TABLE notes (body TEXT); INSERT INTO notes VALUES ('mine')`)
 	err2 := os.WriteFile(garbage, bytes.Repeat([]byte("not sqlite "), 1000), 0o600)
-	_, _, err3 := runCLI(t, nil, "keys", "create", "-account", "a", "-db", future)
-	other, _ = sql.Open("sqlite", future)
-	_, err4 := other.Exec(`PRAGMA user_version = 2`) // a later paybuttons made it
-	other.Close()
-	busy, err5 := net.Listen("tcp", "127.0.0.1:0")
-	require(t, cmp.Or(err, err2, err3, err4, err5) == nil, "%v", cmp.Or(err, err2, err3, err4, err5))
+	runCLI(t, nil, 0, "keys", "create", "-account", "a", "-db", future)
+	err3 := execSQL(future, `PRAGMA user_version = 2`) // a later paybuttons made it
+	busy, err4 := net.Listen("tcp", "127.0.0.1:0")
+	require(t, cmp.Or(err, err2, err3, err4) == nil, "%v", cmp.Or(err, err2, err3, err4))
 	defer busy.Close()
 	before, _ := os.ReadFile(foreign)
 	serve := func(args ...string) []string {
 		return append([]string{"serve", "-addr", "127.0.0.1:0", "-db"}, args...)
 	}
 	for _, c := range []struct {
-		status int
-		env    string // NAME=value
-		says   string // in the error
-		args   []string
+		status    int
+		env, says string // NAME=value; what the error says
+		args      []string
 	}{
 		{2, "", "frobnicate", []string{"frobnicate"}},
 		{2, "", "keys create, keys list or keys revoke", []string{"keys"}},
@@ -159,8 +227,8 @@ func TestCommandLineRefusals(t *testing.T) {
 		{2, "", "-account", []string{"keys", "create", "-account", strings.Repeat("a", 65), "-db", never}},
 		{2, "", "takes 1 argument", []string{"keys", "revoke", "-db", never}},
 		{2, "", "takes 1 argument", []string{"keys", "revoke", "-db", never, "key_A", "key_B"}},
-		{1, "PAYBUTTONS_LOG_FORMAT=xml", "address already in use",
-			serve(never, "-log-format", "json", "-addr", busy.Addr().String())}, // the flag beats the variable
+		{1, "PAYBUTTONS_LOG_FORMAT=xml", "address already in use", // the flag beats the variable
+			serve(never, "-log-format", "json", "-addr", busy.Addr().String())},
 		{1, "", "not a paybuttons database", serve(foreign)},
 		{1, "", "not a paybuttons database", []string{"check", "-db", foreign}},
 		{1, "", "not a database", serve(garbage)},
@@ -169,36 +237,37 @@ func TestCommandLineRefusals(t *testing.T) {
 		{1, "", "no database at", []string{"keys", "list", "-db", never}},
 		{1, "", "no database at", []string{"keys", "revoke", "-db", never, "key_X"}},
 		{1, "", "no database at", []string{"check", "-db", never}},
-		{1, "", `directory "` + dir + `/none" does not exist`, []string{"backup", "-db", never, dir + "/none/c.db"}},
+		{1, "", `directory "` + dir + `/none" does not exist`,
+			[]string{"backup", "-db", never, dir + "/none/c.db"}},
 	} {
 		name, value, _ := strings.Cut(c.env, "=")
-		_, stderr, err := runCLI(t, map[string]string{name: value}, c.args...)
-		expect(t, exitStatus(err) == c.status && strings.Contains(fmt.Sprint(err), c.says) && stderr == "" &&
-			!strings.Contains(fmt.Sprint(err), "\n"), "%q: got %v, then %q; want exit status %d saying %q in a line",
-			c.args, err, stderr, c.status, c.says)
+		_, stderr, err := runCLI(t, map[string]string{name: value}, c.status, c.args...)
+		says := fmt.Sprint(err)
+		expect(t, strings.Contains(says, c.says) && !strings.Contains(says, "\n") && stderr == "",
+			"%q: got %q, then %q; want an error saying %q in a line", c.args, says, stderr, c.says)
 	}
 	files, _ := os.ReadDir(dir)
 	after, _ := os.ReadFile(foreign)
-	expect(t, len(files) == 3 && bytes.Equal(before, after), "got %v, foreign.db changed: %v; want the three files "+
-		"made here, as they were", files, !bytes.Equal(before, after))
+	expect(t, len(files) == 3 && bytes.Equal(before, after), "got %v, foreign.db changed: %v; want the "+
+		"three files made here, as they were", files, !bytes.Equal(before, after))
 }
 
 // Commands making a new file at once all succeed: the schema is made once, under the lock.
 func TestFirstOpensAtOnce(t *testing.T) {
 	t.Parallel()
 	for round := range 4 {
-		db, errs := fmt.Sprint(t.TempDir(), "/new", round, ".db"), make(chan error, 6)
+		db := fmt.Sprint(t.TempDir(), "/new", round, ".db")
+		var wg sync.WaitGroup
 		for range 6 {
-			go func() { _, _, err := runCLI(t, nil, "keys", "create", "-account", "a", "-db", db); errs <- err }()
+			wg.Go(func() { runCLI(t, nil, 0, "keys", "create", "-account", "a", "-db", db) })
 		}
-		err := errors.Join(<-errs, <-errs, <-errs, <-errs, <-errs, <-errs)
-		list, _, _ := runCLI(t, nil, "keys", "list", "-db", db)
-		expect(t, err == nil && strings.Count(list, "\n") == 6, "round %d: got %v, then keys %q", round, err, list)
+		wg.Wait()
+		list, _, _ := runCLI(t, nil, 0, "keys", "list", "-db", db)
+		expect(t, strings.Count(list, "\n") == 6, "round %d: got keys %q, want 6", round, list)
 	}
 }
 
-// On a terminal (to the standard library, a character device) serve mints a first key, once; off one,
-// TestBesideTwoServers sees it mint none.
+// On a terminal (a character device, to the standard library) serve mints a first key, once.
 func TestFirstKeyOnATerminal(t *testing.T) {
 	st, err := openStore(t.TempDir()+"/new.db", true)
 	tty, err2 := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
@@ -221,8 +290,8 @@ func TestReadOnlyFile(t *testing.T) {
 	require(t, err == nil, "%v", err)
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	db := dir + "/ro.db"
-	_, _, err = runCLI(t, nil, "keys", "create", "-account", "a", "-db", db)
-	require(t, err == nil && os.Chmod(db, 0o444) == nil && os.Chmod(dir, 0o777) == nil, "%v", err)
+	runCLI(t, nil, 0, "keys", "create", "-account", "a", "-db", db)
+	require(t, os.Chmod(db, 0o444) == nil && os.Chmod(dir, 0o777) == nil, "chmod %s", db)
 	binary, err := os.ReadFile(os.Args[0]) // in a folder any user may read
 	require(t, err == nil && os.WriteFile(dir+"/test", binary, 0o755) == nil, "%v", err)
 	runuser, err := exec.LookPath("runuser")
@@ -244,8 +313,8 @@ func TestReadOnlyFile(t *testing.T) {
 			cmd.Path, cmd.Args = runuser, append([]string{runuser, "-u", "nobody", "--"}, cmd.Args...)
 		}
 		out, _ := cmd.CombinedOutput()
-		expect(t, cmd.ProcessState.ExitCode() == c.status && strings.Contains(string(out), c.says),
-			"%q on a read-only file: got exit %d, %s; want %d, saying %q", c.args, cmd.ProcessState.ExitCode(),
-			out, c.status, c.says)
+		status := cmd.ProcessState.ExitCode()
+		expect(t, status == c.status && strings.Contains(string(out), c.says), "%q on a read-only file: "+
+			"got exit %d, %s; want %d, saying %q", c.args, status, out, c.status, c.says)
 	}
 }

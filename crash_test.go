@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"cmp"
-	"context"
 	"database/sql"
 	"fmt"
 	"io"
@@ -12,10 +11,8 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"regexp"
 	"runtime"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,63 +21,6 @@ import (
 	"time"
 )
 
-// TestHelperServerProcess is not a test: started by childCommand, it is the program (args after "--").
-func TestHelperServerProcess(t *testing.T) {
-	if os.Getenv("PAYBUTTONS_TEST_CHILD") != "1" {
-		t.Skip("the program itself, run as a child process by other tests")
-	}
-	go func() { // the test that started it has ended, however it ended: its end of stdin is closed
-		io.Copy(io.Discard, os.Stdin)
-		os.Exit(3)
-	}()
-	os.Args = append([]string{"paybuttons"}, os.Args[slices.Index(os.Args, "--")+1:]...)
-	main() // which exits with the status of an error
-	os.Exit(0)
-}
-
-// childCommand is the program as a child process that dies with this test process, or at 30 s,
-// without PAYBUTTONS_ variables or -race's exit sleep.
-func childCommand(t *testing.T, args ...string) *exec.Cmd {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	cmd := exec.CommandContext(ctx, os.Args[0], append([]string{"-test.run=^TestHelperServerProcess$", "--"},
-		args...)...)
-	env := slices.DeleteFunc(os.Environ(), func(v string) bool { return strings.HasPrefix(v, "PAYBUTTONS_") })
-	cmd.Env = append(env, "PAYBUTTONS_TEST_CHILD=1", "GORACE="+os.Getenv("GORACE")+" atexit_sleep_ms=0")
-	cmd.StdinPipe() // its other end is this process's: the system closes it when this process ends
-	return cmd
-}
-
-// child is `paybuttons serve` as a child process, its output going to the file log.
-type child struct {
-	cmd      *exec.Cmd
-	log, url string
-	gone     atomic.Bool // it has exited, and cmd.ProcessState is set
-}
-
-func (c *child) output() string { text, _ := os.ReadFile(c.log); return string(text) }
-
-// startChild serves db in a child process, killed when the test ends, and returns once it listens.
-func startChild(t *testing.T, db string) *child {
-	t.Helper()
-	c := &child{cmd: childCommand(t, "serve", "-addr", "127.0.0.1:0", "-db", db)}
-	c.log = t.TempDir() + "/log"
-	out, err := os.Create(c.log)
-	require(t, err == nil, "%v", err)
-	defer out.Close() // the child has its own
-	c.cmd.Stdout, c.cmd.Stderr = out, out
-	err = c.cmd.Start()
-	require(t, err == nil, "cannot start the server: %v", err)
-	go func() { c.cmd.Wait(); c.gone.Store(true) }()
-	t.Cleanup(func() { c.cmd.Process.Kill(); awaitTrue(c.gone.Load) })
-	listening := regexp.MustCompile(`msg=listening url=(\S+) `) // the space: the whole port is there
-	awaitTrue(func() bool { return listening.MatchString(c.output()) || c.gone.Load() })
-	url := listening.FindStringSubmatch(c.output())
-	require(t, url != nil, "the server exited, or did not listen within 20 s:\n%s", c.output())
-	c.url = url[1]
-	return c
-}
-
 // A server killed amid writes (3 times; 20 with PAYBUTTONS_LONG_TESTS=1), then stopped, loses no answer.
 // Only the kill may stop it: a server that exits or stops answering by itself fails the test.
 func TestCrashKeepsAnsweredWrites(t *testing.T) {
@@ -88,52 +28,45 @@ func TestCrashKeepsAnsweredWrites(t *testing.T) {
 		t.Skip("Windows has no SIGTERM to send")
 	}
 	t.Parallel()
-	cycles, workers, db := 3, 6, t.TempDir()+"/crash.db"
-	if longTests() {
+	cycles, db := 3, t.TempDir()+"/crash.db"
+	if os.Getenv("PAYBUTTONS_LONG_TESTS") == "1" {
 		cycles = 20
 	}
-	key, _, err := runCLI(t, nil, "keys", "create", "-account", "acme", "-db", db)
-	require(t, err == nil, "keys create: %v", err)
+	key, _, _ := runCLI(t, nil, 0, "keys", "create", "-account", "acme", "-db", db)
 	key = strings.TrimSpace(key)
-	var buttons []*crashButton
+	// Six workers; each button is one worker's, which alone writes it: what the worker knows of it is exact.
+	mine := make([][]*crashButton, 6)
 	for cycle := 0; cycle <= cycles; cycle++ {
 		c := startChild(t, db)
-		buttons = checkCrash(t, db, buttons, fmt.Sprint("after start ", cycle))
-		// Each button goes to one worker, which alone writes it: what the worker knows of it is exact.
-		mine := make([][]*crashButton, workers)
-		for i, b := range buttons {
-			mine[i%workers] = append(mine[i%workers], b)
-		}
+		checkCrash(t, db, mine, fmt.Sprint("after start ", cycle))
 		var acked atomic.Int64
 		var stopped atomic.Bool // from here on, a write may get no answer
 		var wg sync.WaitGroup
 		client := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 9}}
-		for w := range workers {
+		for w := range mine {
 			tag := fmt.Sprint(cycle, "-", w)
 			wg.Go(func() { mine[w] = crashWorker(t, client, c.url, key, tag, mine[w], &acked, &stopped) })
 		}
 		// The stop comes after a random number of answered writes, with others in flight at any step.
 		target := 5 + rand.Int64N(150)
 		reached := awaitTrue(func() bool { return acked.Load() >= target || c.gone.Load() })
-		require(t, reached && !c.gone.Load(), "the server exited or stopped answering by itself before %d "+
-			"answers:\n%s", target, c.output())
+		require(t, reached && !c.gone.Load(), "the server exited or stopped answering by itself before "+
+			"%d answers:\n%s", target, c.output())
 		stopped.Store(true)
 		if cycle == cycles {
 			inFlight := stopDuringCreate(t, c, key)
 			wg.Wait()
-			checkCrash(t, db, append(slices.Concat(mine...), inFlight), "after SIGTERM")
+			checkCrash(t, db, append(mine, []*crashButton{inFlight}), "after SIGTERM")
 			return
 		}
 		c.cmd.Process.Kill()
 		require(t, awaitTrue(c.gone.Load), "the server still runs 20 s after its SIGKILL")
 		wg.Wait()
 		wal, err := os.ReadFile(db + "-wal") // check reads what the server left, and changes none of it
-		out, _, err2 := runCLI(t, nil, "check", "-db", db)
-		walAfter, err3 := os.ReadFile(db + "-wal")
-		expect(t, out == "ok\n" && bytes.Equal(wal, walAfter) && cmp.Or(err, err2, err3) == nil,
-			"check after SIGKILL: got %q, the WAL changed: %v (%v)", out, !bytes.Equal(wal, walAfter),
-			cmp.Or(err, err2, err3))
-		buttons = slices.Concat(mine...)
+		out, _, _ := runCLI(t, nil, 0, "check", "-db", db)
+		walAfter, err2 := os.ReadFile(db + "-wal")
+		expect(t, out == "ok\n" && bytes.Equal(wal, walAfter) && cmp.Or(err, err2) == nil,
+			"after SIGKILL: check %q, WAL kept %v (%v)", out, bytes.Equal(wal, walAfter), cmp.Or(err, err2))
 	}
 }
 
@@ -149,8 +82,7 @@ func stopDuringCreate(t *testing.T, c *child, key string) *crashButton {
 		"Content-Length: %d\r\nExpect: 100-continue\r\n\r\n", key, len(body))
 	reader := bufio.NewReader(conn)
 	resp, err := http.ReadResponse(reader, nil)
-	require(t, err == nil && resp.StatusCode == 100, "a create sent with Expect: 100-continue: got %v (%v), "+
-		"want 100 Continue", resp, err)
+	require(t, err == nil && resp.StatusCode == 100, "Expect: 100-continue: got %v (%v), want 100", resp, err)
 	c.cmd.Process.Signal(syscall.SIGTERM)
 	stopping := awaitTrue(func() bool { return strings.Contains(c.output(), `msg="shutting down"`) })
 	require(t, stopping, "no shutting down within 20 s of SIGTERM:\n%s", c.output())
@@ -199,10 +131,10 @@ func crashWorker(t *testing.T, client *http.Client, url, key, tag string, mine [
 		}
 		next.version = b.version + 1
 		r, err := callAPI(client, method, url+"/product-payment/"+path, key, body)
-		next.id = cmp.Or(b.id, r.dataString())
+		next.id = cmp.Or(b.id, r.id)
 		want := fmt.Sprintf(`{"isSuccess":true,"data":%q,"message":%q}`, next.id, message)
 		if err != nil || string(r.raw) != want || !validButtonID(next.id) {
-			if r.status != 0 || !stopped.Load() { // an answer, but the wrong one; or none, from a running server
+			if r.status != 0 || !stopped.Load() { // a wrong answer; or none, from a running server
 				t.Errorf("%s: got %d %s (%v), want %s", r.request, r.status, r.raw, err, want)
 			}
 			next.id, b.pending = b.id, &next
@@ -226,8 +158,8 @@ func (b *crashButton) is(got button, found bool) bool {
 }
 
 // checkCrash checks the file: it is sound; each button is as its last answered write left it, or as its
-// unanswered write would; nothing else is stored. It returns the buttons stored.
-func checkCrash(t *testing.T, path string, buttons []*crashButton, when string) []*crashButton {
+// unanswered write would; nothing else is stored. It leaves each worker the buttons stored.
+func checkCrash(t *testing.T, path string, mine [][]*crashButton, when string) {
 	t.Helper()
 	db, _ := sql.Open("sqlite", sqliteURI(path, "mode=ro"))
 	defer db.Close()
@@ -241,23 +173,24 @@ func checkCrash(t *testing.T, path string, buttons []*crashButton, when string) 
 	for _, b := range all {
 		stored[*b.Description] = b
 	}
-	var left []*crashButton
-	for _, b := range buttons {
-		got, found := stored[b.desc]
-		delete(stored, b.desc)
-		switch {
-		case b.is(got, found):
-		case b.pending != nil && b.pending.is(got, found): // the write that got no answer, applied whole
-			*b = *b.pending
-			b.id = got.ID
-		default:
-			t.Errorf("%s: button %s: got %s, want %+v or %+v", when, b.desc, jsonOf(got), *b, b.pending)
-		}
-		b.pending = nil
-		if found {
-			left = append(left, b)
+	for w, buttons := range mine {
+		mine[w] = nil
+		for _, b := range buttons {
+			got, found := stored[b.desc]
+			delete(stored, b.desc)
+			switch {
+			case b.is(got, found):
+			case b.pending != nil && b.pending.is(got, found): // the write that got no answer, applied whole
+				*b = *b.pending
+				b.id = got.ID
+			default:
+				t.Errorf("%s: button %s: got %s, want %+v or %+v", when, b.desc, jsonOf(got), *b, b.pending)
+			}
+			b.pending = nil
+			if found {
+				mine[w] = append(mine[w], b)
+			}
 		}
 	}
 	expect(t, len(stored) == 0, "%s: got buttons %v no write made", when, stored)
-	return left
 }

@@ -14,8 +14,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path"
-	"path/filepath"
 	"reflect"
 	"regexp"
 	"slices"
@@ -39,31 +37,23 @@ type testEnv struct {
 func newTestServer(t testing.TB) *testEnv {
 	t.Helper()
 	dir := t.TempDir()
-	e := &testEnv{t: t, db: filepath.Join(dir, "test.db"), log: filepath.Join(dir, "log")}
+	e := &testEnv{t: t, db: dir + "/test.db", log: dir + "/log"}
 	st, err := openStore(e.db, true)
-	require(t, err == nil, "openStore: %v", err)
-	logFile, err := os.Create(e.log)
-	require(t, err == nil, "%v", err)
+	logFile, err2 := os.Create(e.log)
+	require(t, cmp.Or(err, err2) == nil, "%v", cmp.Or(err, err2))
 	e.store = st
-	e.key, e.keyID = e.mintKey("acme", false)
-	e.otherKey, _ = e.mintKey("other", false)
+	e.key, e.keyID, err = st.createKey(context.Background(), "acme", false)
+	e.otherKey, _, err2 = st.createKey(context.Background(), "other", false)
+	require(t, cmp.Or(err, err2) == nil, "createKey: %v", cmp.Or(err, err2))
 	srv := httptest.NewServer(newServer(st, slog.New(slog.NewTextHandler(logFile, nil)), "the service"))
 	e.url = srv.URL
 	t.Cleanup(func() {
 		srv.Close()
 		err := st.close()
-		expect(t, err == nil, "close store: %v", err)
+		expect(t, err == nil, "close the store: %v", err)
 		logFile.Close()
 	})
 	return e
-}
-
-// mintKey creates a key for account and returns its secret and id.
-func (e *testEnv) mintKey(account string, readOnly bool) (secret, id string) {
-	e.t.Helper()
-	secret, id, err := e.store.createKey(context.Background(), account, readOnly)
-	require(e.t, err == nil, "createKey(%q): %v", account, err)
-	return secret, id
 }
 
 // response is what a test reads back from one request.
@@ -72,19 +62,13 @@ type response struct {
 	status  int
 	header  http.Header
 	raw     []byte
+	id      string // the envelope's data when it is a string: the id a write answers
 	env     struct {
 		IsSuccess     bool
 		Data          json.RawMessage
 		Message, Code string
 		Errors        map[string]string
 	}
-}
-
-// dataString is the envelope's data as a string, "" if it is none.
-func (r response) dataString() string {
-	var s string
-	json.Unmarshal(r.env.Data, &s)
-	return s
 }
 
 // do sends a request with key as X-API-KEY ("" for none) and headers as name, value pairs. It fails
@@ -99,10 +83,7 @@ func (e *testEnv) do(method, path, key, body string, headers ...string) response
 // callAPI is do for any client and URL; an answer that openapi.json does not declare is an error.
 func callAPI(client *http.Client, method, url, key, body string, headers ...string) (response, error) {
 	r := response{request: fmt.Sprintf("%s %s %.300s", method, url, body)}
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
-	if err != nil {
-		return r, err
-	}
+	req, _ := http.NewRequest(method, url, strings.NewReader(body))
 	req.GetBody = nil // the transport must never send a request twice by itself
 	if key != "" {
 		req.Header.Set("X-API-KEY", key)
@@ -123,6 +104,7 @@ func callAPI(client *http.Client, method, url, key, body string, headers ...stri
 	if err := json.Unmarshal(r.raw, &r.env); err != nil && !strings.HasSuffix(url, "/openapi.json") {
 		return r, fmt.Errorf("the body is not the envelope: %v: %s", err, r.raw)
 	}
+	json.Unmarshal(r.env.Data, &r.id)
 	return r, conformsToDocument(method, resp.Request.URL, r.status, r.header, r.raw)
 }
 
@@ -130,8 +112,7 @@ func callAPI(client *http.Client, method, url, key, body string, headers ...stri
 func (r response) want(t testing.TB, status int, code string) {
 	t.Helper()
 	require(t, r.status == status && r.env.IsSuccess == (status == 200) && r.env.Code == code,
-		"%s\ngot %d, isSuccess %v, code %q; want %d %q\n%s", r.request, r.status, r.env.IsSuccess, r.env.Code,
-		status, code, r.raw)
+		"%s\ngot %d %s\nwant %d %q", r.request, r.status, r.raw, status, code)
 }
 
 // wantFields checks a 400 that names exactly fields.
@@ -160,16 +141,11 @@ func require(t testing.TB, ok bool, format string, args ...any) {
 
 type m = map[string]any
 
-// createBody is a valid create body (19.90 USD, one time, Stripe) with changes; nil leaves a field out.
+// createBody is a valid create body (19.90 USD, one time, Stripe) with changes.
 func createBody(changes m) string {
 	body := m{"productName": "Pro plan", "description": "Monthly access", "amount": "19.90",
 		"currency": "USD", "paymentMethod": "Stripe", "paymentType": "one_time", "isLive": false}
-	for name, value := range changes {
-		body[name] = value
-		if value == nil {
-			delete(body, name)
-		}
-	}
+	maps.Copy(body, changes)
 	return jsonOf(body)
 }
 
@@ -178,7 +154,7 @@ func (e *testEnv) create(key, body string) string {
 	e.t.Helper()
 	r := e.do("POST", "/product-payment/create", key, body)
 	r.want(e.t, 200, "")
-	return r.dataString()
+	return r.id
 }
 
 // stored reads account's button id from the database, or fails the test.
@@ -190,6 +166,7 @@ func (e *testEnv) stored(account, id string) button {
 	return b
 }
 
+// buttons counts the buttons of every account.
 func (e *testEnv) buttons() int {
 	e.t.Helper()
 	var n int
@@ -199,29 +176,6 @@ func (e *testEnv) buttons() int {
 }
 
 func (e *testEnv) logged() string { text, _ := os.ReadFile(e.log); return string(text) }
-
-// holdWriteLock takes the write lock as another process would, until release or the test's end.
-func (e *testEnv) holdWriteLock() (release func()) {
-	e.t.Helper()
-	db, _ := sql.Open("sqlite", sqliteURI(e.db, "_txlock=immediate"))
-	tx, err := db.Begin()
-	require(e.t, err == nil, "take the write lock: %v", err)
-	release = func() { tx.Rollback(); db.Close() }
-	e.t.Cleanup(release)
-	return release
-}
-
-// runCLI runs the program in this process with args and env; it returns stdout, stderr and the error.
-// A serve that should have been refused stops after 10 s, exit status 0.
-func runCLI(t testing.TB, env map[string]string, args ...string) (string, string, error) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	var stdout, stderr bytes.Buffer
-	err := run(ctx, append([]string{"paybuttons"}, args...), func(name string) string { return env[name] },
-		&stdout, &stderr)
-	return stdout.String(), stderr.String(), err
-}
 
 // awaitTrue polls cond until it holds, and returns false if it does not within 20 s.
 func awaitTrue(cond func() bool) bool {
@@ -233,8 +187,6 @@ func awaitTrue(cond func() bool) bool {
 	return true
 }
 
-func longTests() bool { return os.Getenv("PAYBUTTONS_LONG_TESTS") == "1" }
-
 // A refusal has its status and code and changes nothing; a write's ETag is its button's version.
 func TestRefusals(t *testing.T) {
 	t.Parallel()
@@ -242,14 +194,13 @@ func TestRefusals(t *testing.T) {
 	id, otherID, deleted := e.create(e.key, createBody(nil)), e.create(e.otherKey, createBody(nil)),
 		e.create(e.key, createBody(nil))
 	e.do("DELETE", "/product-payment/delete/"+deleted, e.key, "").want(t, 200, "")
-	readOnly, _ := e.mintKey("acme", true)
+	readOnly, _, _ := e.store.createKey(context.Background(), "acme", true)
 	before, body := e.stored("acme", id), createBody(nil)
 	p, create := "/product-payment/", "/product-payment/create"
 	for _, c := range []struct {
-		method, path, key, body string
-		header                  string // "Name: value", or ""
-		status                  int
-		code                    string
+		method, path, key, body, header string // header: "Name: value", or ""
+		status                          int
+		code                            string
 	}{
 		{"GET", p + "get/" + id, "", "", "", 401, "unauthorized"},
 		{"GET", p + "get/" + id, "pbk_nope", "", "", 401, "unauthorized"},
@@ -291,12 +242,8 @@ func TestRefusals(t *testing.T) {
 		{"DELETE", p + "delete/" + id, e.key, "", `If-Match: "2"`, 412, "precondition_failed"},
 		{"POST", p + "restore/" + deleted, e.key, "", `If-Match: *`, 200, ""},
 	} {
-		var headers []string
-		if name, value, ok := strings.Cut(c.header, ": "); ok {
-			headers = []string{name, value}
-		}
 		buttons := e.buttons()
-		r := e.do(c.method, c.path, c.key, c.body, headers...)
+		r := e.do(c.method, c.path, c.key, c.body, strings.Split(c.header, ": ")...)
 		r.want(t, c.status, c.code)
 		n, created := e.buttons(), c.path == create && c.status == 200
 		expect(t, created == (n == buttons+1), "%s: got %d buttons, had %d", r.request, n, buttons)
@@ -316,9 +263,10 @@ func TestRefusals(t *testing.T) {
 	}
 	r := e.do("POST", create, e.key, jsonOf(many))
 	r.want(t, 400, "invalid_request")
-	expect(t, len(r.env.Errors) == 20 && r.env.Errors["a"+strings.Repeat("é", 38)+"…"] != "" &&
-		r.env.Errors["applicationFeePercentage"] == `unknown name; did you mean "ApplicationFeePercentage"?` &&
-		strings.HasSuffix(r.env.Message, " and 11 more"), "31 problems: got %s", r.raw)
+	errs, suggestion := r.env.Errors, `unknown name; did you mean "ApplicationFeePercentage"?`
+	expect(t, len(errs) == 20 && errs["a"+strings.Repeat("é", 38)+"…"] != "" &&
+		errs["applicationFeePercentage"] == suggestion && strings.HasSuffix(r.env.Message, " and 11 more"),
+		"31 problems: got %s", r.raw)
 }
 
 // Every answer has its request id: the caller's when it is sane. GET routes answer HEAD. A read writes
@@ -326,24 +274,26 @@ func TestRefusals(t *testing.T) {
 func TestHeadersAndLog(t *testing.T) {
 	t.Parallel()
 	e := newTestServer(t)
-	get := "/product-payment/get/" + e.create(e.key, createBody(nil))
-	for sent, echoed := range map[string]bool{"trace-7:x_y.z": true, "a=b": false, strings.Repeat("x", 129): false} {
+	id := e.create(e.key, createBody(nil))
+	get := "/product-payment/get/" + id
+	requestIDs := map[string]bool{"trace-7:x_y.z": true, "a=b": false, strings.Repeat("x", 129): false}
+	for sent, sane := range requestIDs {
 		got := e.do("GET", "/healthz", "", "", "X-Request-Id", sent).header.Get("X-Request-Id")
-		expect(t, (got == sent) == echoed && strings.HasPrefix(got, "req_") != echoed, "%q: got %q", sent, got)
+		expect(t, (got == sent) == sane && strings.HasPrefix(got, "req_") != sane, "%q: got %q", sent, got)
 	}
 	allow := e.do("POST", "/healthz", "", "").header.Get("Allow")
 	expect(t, allow == "GET, HEAD", "POST /healthz: got Allow %q, want GET, HEAD", allow)
 	head := e.do("HEAD", get, e.key, "")
-	expect(t, head.status == 200 && head.header.Get("ETag") == `"1"` && len(head.raw) == 0, "HEAD get: got %d, "+
-		"%v, %q; want 200, ETag \"1\", no body", head.status, head.header, head.raw)
+	expect(t, head.status == 200 && head.header.Get("ETag") == `"1"` && len(head.raw) == 0,
+		"HEAD: got %d %v %q, want 200, ETag \"1\", no body", head.status, head.header, head.raw)
 	wal, err := os.ReadFile(e.db + "-wal")
 	for range 120 {
 		e.do("GET", get, e.key, "", "X-Request-Id", "trace-8").want(t, 200, "")
 	}
 	walAfter, err2 := os.ReadFile(e.db + "-wal")
-	expect(t, cmp.Or(err, err2) == nil && bytes.Equal(wal, walAfter), "120 gets changed the WAL (%v)",
+	expect(t, cmp.Or(err, err2) == nil && bytes.Equal(wal, walAfter), "the gets changed the WAL (%v)",
 		cmp.Or(err, err2))
-	line := fmt.Sprintf(`status=200 duration=\S+ requestId=trace-8 keyId=%s buttonId=%s\n`, e.keyID, path.Base(get))
+	line := fmt.Sprintf(`status=200 duration=\S+ requestId=trace-8 keyId=%s buttonId=%s\n`, e.keyID, id)
 	expect(t, regexp.MustCompile(line).MatchString(e.logged()), "no log line %s in\n%s", line, e.logged())
 }
 
@@ -377,12 +327,13 @@ func TestList(t *testing.T) {
 		{"state=all&isLive=false&paymentMethod=Stripe", []string{ids[4], ids[2]}, ""},
 	} {
 		got, next := e.page(c.query)
-		expect(t, slices.Equal(got, c.want) && next == c.next, "list?%s: got %v and next %q, want %v and %q",
+		expect(t, slices.Equal(got, c.want) && next == c.next, "list?%s: got %v, next %q; want %v, %q",
 			c.query, got, next, c.want, c.next)
 	}
-	for query, field := range map[string]string{"limit=0": "limit", "limit=101": "limit", "limit=%2B5": "limit",
-		"limit=1&limit=2": "limit", "after=btn_x": "after", "after=btn_00": "after", "state=gone": "state",
-		"isLive=1": "isLive", "paymentMethod=stripe": "paymentMethod", "%zz": "query", "since=0": "since"} {
+	for query, field := range map[string]string{"limit=0": "limit", "limit=101": "limit",
+		"limit=%2B5": "limit", "limit=1&limit=2": "limit", "after=btn_x": "after", "after=btn_00": "after",
+		"state=gone": "state", "isLive=1": "isLive", "paymentMethod=stripe": "paymentMethod", "%zz": "query",
+		"since=0": "since"} {
 		e.do("GET", "/product-payment/list?"+query, e.key, "").wantFields(t, field)
 	}
 	existing := map[string]int{}
@@ -413,42 +364,41 @@ func TestList(t *testing.T) {
 }
 
 // page lists with query and returns the ids and the next cursor ("" for none).
-func (e *testEnv) page(query string) ([]string, string) {
+func (e *testEnv) page(query string) (ids []string, next string) {
 	e.t.Helper()
 	r := e.do("GET", "/product-payment/list?"+query, e.key, "")
 	r.want(e.t, 200, "")
 	var page struct {
-		Items   []struct{ ID string }
+		Items   []button
 		HasMore bool
-		Next    *string
+		Next    string // "" for null
 	}
 	json.Unmarshal(r.env.Data, &page)
-	require(e.t, page.HasMore == (page.Next != nil), "list?%s: got %s, want next set when hasMore", query, r.raw)
-	var ids []string
+	require(e.t, page.HasMore == (page.Next != ""), "list?%s: got %s, want next when hasMore", query, r.raw)
 	for _, b := range page.Items {
 		ids = append(ids, b.ID)
 	}
-	if page.Next == nil {
-		return ids, ""
-	}
-	return ids, *page.Next
+	return ids, page.Next
 }
 
 // Every set of filters a list may send is a search of an index that ends in id: no scan, no sort.
 func TestListUsesAnIndex(t *testing.T) {
 	e, yes := newTestServer(t), true
-	for i := range 12 {
-		q := listQuery{Limit: 20, After: "btn_1", State: []string{"active", "deleted", "all"}[i%3]}
-		q.IsLive, q.PaymentMethod = []*bool{nil, &yes}[i/3%2], []string{"", "Stripe"}[i/6]
-		query, args := q.sql("acme")
-		rows, err := e.store.reader.Query("EXPLAIN QUERY PLAN "+query, args...)
-		plan, err := collect(rows, err, func(r *sql.Rows) (step string, err error) {
-			return step, r.Scan(new(int), new(int), new(int), &step)
-		})
-		search := `^\[SEARCH buttons USING (PRIMARY KEY|INDEX \w+) \(account=\?` +
-			strings.Repeat(` AND \w+=\?`, len(args)-3) + ` AND id<\?\)\]$`
-		expect(t, err == nil && regexp.MustCompile(search).MatchString(fmt.Sprint(plan)), "%+v: got plan %q (%v)",
-			q, plan, err)
+	for _, state := range []string{"active", "deleted", "all"} {
+		for _, isLive := range []*bool{nil, &yes} {
+			for _, method := range []string{"", "Stripe"} {
+				q := listQuery{Limit: 20, After: "btn_1", State: state, IsLive: isLive, PaymentMethod: method}
+				query, args := q.sql("acme")
+				rows, err := e.store.reader.Query("EXPLAIN QUERY PLAN "+query, args...)
+				plan, err := collect(rows, err, func(r *sql.Rows) (step string, err error) {
+					return step, r.Scan(new(int), new(int), new(int), &step)
+				})
+				search := `^\[SEARCH buttons USING (PRIMARY KEY|INDEX \w+) \(account=\?` +
+					strings.Repeat(` AND \w+=\?`, len(args)-3) + ` AND id<\?\)\]$`
+				expect(t, err == nil && regexp.MustCompile(search).MatchString(fmt.Sprint(plan)),
+					"%+v: got plan %q (%v), want one search with every filter", q, plan, err)
+			}
+		}
 	}
 }
 
@@ -474,7 +424,11 @@ func TestIDs(t *testing.T) {
 func TestWriteWaitsAtMostFiveSeconds(t *testing.T) {
 	t.Parallel()
 	e := newTestServer(t)
-	release := e.holdWriteLock()
+	other, _ := sql.Open("sqlite", sqliteURI(e.db, "_txlock=immediate")) // as another process
+	defer other.Close()
+	lock, err := other.Begin()
+	require(t, err == nil, "take the write lock: %v", err)
+	defer lock.Rollback()
 	start, create := time.Now(), "/product-payment/create"
 	var wg sync.WaitGroup
 	for range 3 { // one waits for the lock, two behind it for the writer connection
@@ -482,9 +436,8 @@ func TestWriteWaitsAtMostFiveSeconds(t *testing.T) {
 			r, err := callAPI(http.DefaultClient, "POST", e.url+create, e.key, createBody(nil))
 			took := time.Since(start)
 			expect(t, err == nil && r.status == 503 && r.env.Code == "unavailable" &&
-				r.header.Get("Retry-After") == "1" && took < 6*time.Second, "a create behind the lock: got "+
-				"%d %s, %v (%v) after %v; want 503 unavailable, Retry-After: 1 after 5 s", r.status, r.raw,
-				r.header, err, took)
+				r.header.Get("Retry-After") == "1" && took < 6*time.Second, "behind the lock: got %s %v "+
+				"(%v) after %v; want 503 unavailable, Retry-After: 1 after 5 s", r.raw, r.header, err, took)
 		})
 	}
 	ctx, hangUp := context.WithCancel(context.Background())
@@ -497,14 +450,14 @@ func TestWriteWaitsAtMostFiveSeconds(t *testing.T) {
 	awaitTrue(func() bool { return e.store.writer.Stats().WaitCount >= 3 })
 	hangUp()
 	wg.Wait()
-	release()
+	lock.Rollback()
 	expect(t, e.buttons() == 0, "got %d buttons after the lock went, want none", e.buttons())
 	start = time.Now()
 	e.create(e.key, createBody(nil))
-	expect(t, time.Since(start) < time.Second, "the first create after the lock went took %v", time.Since(start))
+	expect(t, time.Since(start) < time.Second, "the first create after the lock took %v", time.Since(start))
 	log := e.logged()
-	expect(t, strings.Count(log, "level=ERROR") == 3 && strings.Count(log, "status=499") == 1, "got log\n%s\n"+
-		"want three ERRORs for the 503s, and the hang-up as status=499 alone", log)
+	expect(t, strings.Count(log, "level=ERROR") == 3 && strings.Count(log, "status=499") == 1,
+		"got log\n%s\nwant three ERRORs for the 503s, and the hang-up as status=499 alone", log)
 }
 
 // The file is WAL with synchronous=FULL. A full disk is a 503 that keeps nothing; a fault is a 500 that
@@ -515,47 +468,43 @@ func TestFaults(t *testing.T) {
 	mode, synchronous := "", 0
 	e.store.reader.QueryRow(`PRAGMA journal_mode`).Scan(&mode)
 	e.store.writer.QueryRow(`PRAGMA synchronous`).Scan(&synchronous)
-	expect(t, mode == "wal" && synchronous == 2, "got journal_mode %q, the writer's synchronous %d; want "+
-		"wal (reads never wait for the writer) and 2 (FULL)", mode, synchronous)
+	expect(t, mode == "wal" && synchronous == 2, "got %s, synchronous %d; want wal, 2", mode, synchronous)
 	id := e.create(e.key, createBody(nil))
-	var pages int
-	e.store.writer.QueryRow(`PRAGMA page_count`).Scan(&pages)
-	e.store.writer.Exec(fmt.Sprintf(`PRAGMA max_page_count = %d`, pages)) // the disk is full
-	r := e.do("POST", "/product-payment/create", e.key, createBody(nil))
+	e.store.writer.Exec(`PRAGMA max_page_count = 1`) // SQLite keeps what the file has: the disk is full
+	big := createBody(m{"description": strings.Repeat("x", 900)})
+	r := e.do("POST", "/product-payment/create", e.key, big)
 	for i := 0; i < 100 && r.status == 200; i++ {
-		r = e.do("POST", "/product-payment/create", e.key, createBody(m{"description": strings.Repeat("x", 900)}))
+		r = e.do("POST", "/product-payment/create", e.key, big)
 	}
 	r.want(t, 503, "unavailable")
 	buttons := e.buttons()
 	r = e.do("POST", "/product-payment/update/"+id, e.key, `{"description":"`+strings.Repeat("y", 4000)+`"}`)
 	r.want(t, 503, "unavailable")
 	expect(t, r.env.Message == "the disk is full; retry later" && r.header.Get("Retry-After") == "1" &&
-		e.buttons() == buttons && e.stored("acme", id).Version == 1, "a write on a full disk: got %s, %v, "+
-		"%d buttons (had %d); want it refused, nothing kept", r.raw, r.header, e.buttons(), buttons)
+		e.buttons() == buttons && e.stored("acme", id).Version == 1, "a write on a full disk: got %s, "+
+		"%v, %d buttons (had %d); want it refused, nothing kept", r.raw, r.header, e.buttons(), buttons)
 	e.store.writer.Exec(`PRAGMA max_page_count = 1000000`)
 	e.create(e.key, createBody(nil))
-	other, _ := sql.Open("sqlite", e.db)
-	other.Exec(`ALTER TABLE buttons RENAME TO gone`) // a bug: the server's SQL names no such table
+	execSQL(e.db, `ALTER TABLE buttons RENAME TO gone`) // a bug: the server's SQL names no such table
 	r = e.do("POST", "/product-payment/create", e.key, createBody(nil), "X-Request-Id", "trace-500")
-	other.Exec(`ALTER TABLE gone RENAME TO buttons`)
-	other.Close()
-	expect(t, bytes.Equal(r.raw, internalError), "a fault: got %d %s, want 500 %s", r.status, r.raw, internalError)
-	fault := regexp.MustCompile(`level=ERROR msg="request failed" requestId=trace-500 status=500 err=.*no such table`)
-	expect(t, fault.MatchString(e.logged()), "got log\n%s\nwant the fault with its request id", e.logged())
+	execSQL(e.db, `ALTER TABLE gone RENAME TO buttons`)
+	expect(t, bytes.Equal(r.raw, internalError), "a fault: got %d %s", r.status, r.raw)
+	fault := `level=ERROR msg="request failed" requestId=trace-500 status=500 err=.*no such table`
+	expect(t, regexp.MustCompile(fault).MatchString(e.logged()), "got log\n%s\nwant %s", e.logged(), fault)
 	e.store.reader.Close()
 	r = e.do("GET", "/healthz", "", "")
 	r.want(t, 503, "unavailable")
-	requestID := r.header.Get("X-Request-Id") // a new one, which the log names
-	expect(t, r.header.Get("Retry-After") == "1" && strings.Contains(e.logged(), "requestId="+requestID+" status=503"),
-		"/healthz without a database: got %v, and log\n%s", r.header, e.logged())
+	logged := "requestId=" + r.header.Get("X-Request-Id") + " status=503" // a new id, which the log names
+	expect(t, r.header.Get("Retry-After") == "1" && strings.Contains(e.logged(), logged),
+		"/healthz without a database: got %v, want Retry-After and a log line %s", r.header, logged)
 	var logs bytes.Buffer
 	s := &server{log: slog.New(slog.NewTextHandler(&logs, nil))}
 	rec, req := httptest.NewRecorder(), httptest.NewRequest("GET", "/x", nil)
 	req.Header.Set("X-Request-Id", "trace-panic")
 	s.withBasics(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("secret detail") })).
 		ServeHTTP(rec, req)
-	expect(t, rec.Code == 500 && bytes.Equal(rec.Body.Bytes(), internalError), "got %d %s, want 500 %s",
-		rec.Code, rec.Body, internalError)
+	expect(t, rec.Code == 500 && bytes.Equal(rec.Body.Bytes(), internalError), "a panic: got %d %s", rec.Code,
+		rec.Body)
 	expect(t, strings.Contains(logs.String(), `msg=panic requestId=trace-panic panic="secret detail"`),
 		"got log %s, want the panic with the request id", logs.String())
 }
