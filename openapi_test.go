@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"os"
 	"path"
 	"regexp"
 	"slices"
@@ -257,28 +256,4 @@ func headerNames(node any) []string {
 		names = append(names, headerNames(value)...)
 	}
 	return names
-}
-
-// Every body README.md's walkthrough sends and the server accepts matches openapi.json.
-func TestREADMEBodiesMatchTheDocument(t *testing.T) {
-	readme, err := os.ReadFile("README.md")
-	require(t, err == nil, "%v", err)
-	bodies, checked := map[string]string{}, 0
-	sends := regexp.MustCompile(`(?s)/(create|update/).*? -d (?:'([^']+)'|"(\$\w+)")`)
-	for _, command := range strings.Split(string(readme), "\n$ ")[1:] { // a command, then its output
-		command, _, _ = strings.Cut(command, "```")
-		if v := regexp.MustCompile(`(?s)^(\w+)='(\{.*\})'$`).FindStringSubmatch(command); v != nil {
-			bodies["$"+v[1]] = v[2] // BODY='...'
-		}
-		sent := sends.FindStringSubmatch(command) // -d '{...}' or -d "$BODY"
-		if sent != nil && strings.Contains(command, `{"isSuccess":true`) {
-			op, _ := operation("POST", "/product-payment/"+strings.Replace(sent[1], "/", "/x", 1))
-			schema := deref(deref(deref(op["requestBody"])["content"])["application/json"])["schema"]
-			body, err := decodeJSON[any]([]byte(sent[2] + bodies[sent[3]]))
-			err = cmp.Or(err, matchSchema(schema, body, "body"))
-			expect(t, err == nil, "README: $ %s\nthe body does not match openapi.json: %v", command, err)
-			checked++
-		}
-	}
-	expect(t, checked >= 4, "checked %d bodies of README.md's walkthrough, want all (4 or more)", checked)
 }
