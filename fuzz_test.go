@@ -77,13 +77,10 @@ func FuzzUpdate(f *testing.F) {
 	}
 	base := createBody(m{"paymentMethod": "StripeConnect", "ApplicationFeePercentage": "2.50",
 		"amount": "10.50", "metadata": md})
-	var id string // a button still as base made it: most inputs leave it so, which saves a create each
 	f.Fuzz(func(t *testing.T, body []byte) {
 		e := *shared
 		e.t = t
-		if id == "" {
-			id = e.create(e.key, base)
-		}
+		id := e.create(e.key, base)
 		before, o := e.stored("acme", id), &oracle{t: t, why: map[string]string{}}
 		want, in := before, o.object(body)
 		for _, name := range fixedNames {
@@ -101,9 +98,6 @@ func FuzzUpdate(f *testing.F) {
 		}
 		r := e.do("POST", "/product-payment/update/"+id, e.key, string(body))
 		got := e.stored("acme", id)
-		if !reflect.DeepEqual(got, before) {
-			id = "" // the next input needs a button as base makes it
-		}
 		if !o.verdict(t, r, len(body)) {
 			expect(t, reflect.DeepEqual(got, before), "%s\ngot %s, want it unchanged", r.request, jsonOf(got))
 			return
