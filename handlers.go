@@ -117,7 +117,7 @@ func (s *server) handleUpdate(r *http.Request, key apiKey) (reply, error) {
 	if err != nil {
 		return reply{}, err
 	}
-	return s.change(r, key, "updated", func(b *button) error {
+	return s.changeButton(r, key, "updated", func(b *button) error {
 		if b.State == "deleted" {
 			return &apiError{code: codeWrongState, message: "button is deleted; restore it first"}
 		}
@@ -126,7 +126,7 @@ func (s *server) handleUpdate(r *http.Request, key apiKey) (reply, error) {
 }
 
 func (s *server) handleDelete(r *http.Request, key apiKey) (reply, error) {
-	return s.change(r, key, "deleted", func(b *button) error {
+	return s.changeButton(r, key, "deleted", func(b *button) error {
 		if b.State == "deleted" {
 			return &apiError{code: codeWrongState, message: "button is already deleted"}
 		}
@@ -136,7 +136,7 @@ func (s *server) handleDelete(r *http.Request, key apiKey) (reply, error) {
 }
 
 func (s *server) handleRestore(r *http.Request, key apiKey) (reply, error) {
-	return s.change(r, key, "restored", func(b *button) error {
+	return s.changeButton(r, key, "restored", func(b *button) error {
 		if b.State == "active" {
 			return &apiError{code: codeWrongState, message: "button is not deleted"}
 		}
@@ -145,9 +145,9 @@ func (s *server) handleRestore(r *http.Request, key apiKey) (reply, error) {
 	})
 }
 
-// change lets edit change the button the path names, if it still has the version If-Match names,
-// and answers message, or "unchanged" when edit changed nothing.
-func (s *server) change(r *http.Request, key apiKey, message string,
+// changeButton lets edit change the button the path names, if it still has the version If-Match
+// names, and answers message, or "unchanged" when edit changed nothing.
+func (s *server) changeButton(r *http.Request, key apiKey, message string,
 	edit func(*button) error) (reply, error) {
 	ifMatch, err := parseIfMatch(r.Header.Get("If-Match"))
 	if err != nil {
@@ -173,9 +173,13 @@ func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
 // --- what every request goes through ---
 
 // withKey answers with h once admit has admitted the request's key, for the key's account.
-func (s *server) withKey(write bool, h func(*http.Request, apiKey) (reply, error)) http.HandlerFunc {
+func (s *server) withKey(write bool,
+	h func(*http.Request, apiKey) (reply, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		key, err := s.admit(w, r, write)
+		key, err := s.admit(r, write)
+		if log, ok := w.(*accessLog); ok {
+			log.keyID = key.ID // the access log names the key that asked
+		}
 		if err != nil {
 			s.send(w, r, reply{}, err)
 			return
@@ -188,15 +192,12 @@ func (s *server) withKey(write bool, h func(*http.Request, apiKey) (reply, error
 // admit returns the request's live key, before anything else is read: 401 for a missing, unknown
 // or revoked key, 403 for a read-only key on a write. A write that carries Idempotency-Key is
 // refused, so that no client believes a retry of it is safe.
-func (s *server) admit(w http.ResponseWriter, r *http.Request, write bool) (apiKey, error) {
+func (s *server) admit(r *http.Request, write bool) (apiKey, error) {
 	secret := r.Header.Get("X-API-KEY")
 	if secret == "" {
 		return apiKey{}, &apiError{code: codeUnauthorized, message: "X-API-KEY is required"}
 	}
 	key, err := s.store.authenticate(r.Context(), secret)
-	if log, ok := w.(*accessLog); ok {
-		log.keyID = key.ID
-	}
 	if err == nil && write && key.ReadOnly {
 		err = &apiError{code: codeForbidden, message: "this API key is read-only"}
 	} else if err == nil && write && r.Header["Idempotency-Key"] != nil {

@@ -221,14 +221,16 @@ func firstKey(ctx context.Context, st *store, stderr io.Writer, log *slog.Logger
 }
 
 // isTerminal reports whether w is a terminal, as far as the standard library tells: a character
-// device.
+// device other than the null device, where a secret is lost.
 func isTerminal(w io.Writer) bool {
 	file, ok := w.(*os.File)
 	if !ok {
 		return false
 	}
 	info, err := file.Stat()
-	return err == nil && info.Mode()&os.ModeCharDevice != 0
+	null, nullErr := os.Stat(os.DevNull)
+	return err == nil && info.Mode()&os.ModeCharDevice != 0 &&
+		(nullErr != nil || !os.SameFile(info, null))
 }
 
 // keysCreate mints a key and prints only its secret on stdout, for $(...), and its id on stderr.
@@ -262,9 +264,9 @@ func keysCreate(ctx context.Context, fs *flag.FlagSet, db *string, args []string
 	return nil
 }
 
-// readFile parses args into fs, which must leave no argument, and opens the database at db
+// readOnlyDatabase parses args into fs, which must leave no argument, and opens the database at db
 // read-only, for a command that only reads it.
-func readFile(fs *flag.FlagSet, args []string, db *string) (*sql.DB, error) {
+func readOnlyDatabase(fs *flag.FlagSet, args []string, db *string) (*sql.DB, error) {
 	if err := parseFlags(fs, args, 0); err != nil {
 		return nil, err
 	}
@@ -274,7 +276,7 @@ func readFile(fs *flag.FlagSet, args []string, db *string) (*sql.DB, error) {
 // keysList prints every key, a line each: never a secret.
 func keysList(ctx context.Context, fs *flag.FlagSet, db *string, args []string,
 	stdout io.Writer) error {
-	file, err := readFile(fs, args, db)
+	file, err := readOnlyDatabase(fs, args, db)
 	if err != nil {
 		return err
 	}
@@ -335,7 +337,7 @@ func backup(fs *flag.FlagSet, db *string, args []string, stdout io.Writer) error
 
 // check prints what SQLite's integrity check finds: "ok", or the damage, which is an error.
 func check(fs *flag.FlagSet, db *string, args []string, stdout io.Writer) error {
-	file, err := readFile(fs, args, db)
+	file, err := readOnlyDatabase(fs, args, db)
 	if err != nil {
 		return err
 	}

@@ -128,7 +128,7 @@ CREATE TABLE buttons (
 	version        INTEGER NOT NULL, -- and the one get sends as the ETag
 	button         TEXT NOT NULL, -- the button, as JSON: get sends it as it is
 	PRIMARY KEY (account, id)
-) STRICT, WITHOUT ROWID;
+) STRICT;
 -- An index for each set of filters a list may name, each ending in id: a page reads its own
 -- rows, newest first, however many buttons the account has.
 CREATE INDEX buttons_by_state ON buttons (account, state, id);
@@ -154,7 +154,8 @@ func openStore(path string, create bool) (*store, error) {
 		return nil, err
 	}
 	// synchronous=FULL: a write is on disk before it is answered. _txlock=immediate: a write takes
-	// the lock at BEGIN, where it waits (busy_timeout) for another process's write to end.
+	// the write lock at BEGIN, waiting there (busy_timeout) while another process writes. Readers
+	// are a pool of their own, query_only, so a read never waits for the writer connection.
 	writer, _ := sql.Open("sqlite", sqliteURI(path,
 		"_pragma=busy_timeout(5000)&_pragma=synchronous(FULL)&_txlock=immediate"))
 	writer.SetMaxOpenConns(1)
@@ -179,8 +180,10 @@ func openStore(path string, create bool) (*store, error) {
 	return s, nil
 }
 
-// createSchema reads what the file holds under the write lock, so two processes opening a new
-// file at once both succeed. A file with no tables but the ones Litestream adds is new.
+// createSchema makes the schema in a new file, and refuses a file that is not a paybuttons
+// database of this version. It reads the file under the write lock, so that of two processes
+// opening a new file at once, one makes the schema and the other finds it. A file whose only
+// tables are Litestream's is new.
 func (s *store) createSchema() error {
 	tx, err := s.writer.Begin()
 	if err != nil {
@@ -213,9 +216,9 @@ func (s *store) createSchema() error {
 	if err := tx.Commit(); err != nil {
 		return err
 	}
-	// WAL, so reads never wait for the writer: the file keeps the mode. Another process making
-	// the same switch at this moment makes it fail with BUSY at once, not after busy_timeout, so
-	// it is tried again.
+	// WAL, so that reads never wait for a write; the file keeps the mode. The switch fails with
+	// BUSY at once, without waiting busy_timeout, while another process makes it too: so it is
+	// tried again for up to 5 s.
 	for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
 		_, err := s.writer.Exec("PRAGMA journal_mode = WAL")
 		if sqliteCode(err) != sqlite3.SQLITE_BUSY || time.Since(start) > 5*time.Second {
@@ -243,10 +246,9 @@ func openToRead(path string) (*sql.DB, error) {
 	return db, nil
 }
 
-// checkFile refuses a path in a directory that does not exist, no file there unless it may be
-// created, and a file with more than one hard link: SQLite keeps a WAL per name, and two WALs of
-// one file corrupt it. A symlink is fine: SQLite follows it to the file, whose one WAL every name
-// then shares.
+// checkFile refuses a path whose directory does not exist; a missing file, unless it may be
+// created; and a file with more than one hard link, as SQLite would keep a WAL for each name, and
+// two WALs of one file corrupt it. (A symlink is fine: SQLite follows it to the file.)
 func checkFile(path string, create bool) error {
 	info, err := os.Stat(path)
 	if _, dirErr := os.Stat(filepath.Dir(path)); dirErr != nil {
@@ -396,27 +398,22 @@ func (s *store) list(ctx context.Context, account string, q listQuery) ([]button
 }
 
 // sql is the query of a page of account's buttons, and its arguments. As ids never change, "id <
-// after" never skips or repeats a button. It names the schema's index of exactly the filters
-// given: SQLite, which keeps no statistics here, would rather walk every older button.
+// after" never skips or repeats a button; the schema has an index for each set of filters.
 func (q listQuery) sql(account string) (string, []any) {
-	query, args, index := ` WHERE account = ?`, []any{account}, "buttons_by"
+	query, args := `SELECT button FROM buttons WHERE account = ?`, []any{account}
 	if q.After != "" {
 		query, args = query+` AND id < ?`, append(args, q.After)
 	}
 	if q.State != "all" {
-		query, args, index = query+` AND state = ?`, append(args, q.State), index+"_state"
+		query, args = query+` AND state = ?`, append(args, q.State)
 	}
 	if q.IsLive != nil {
-		query, args, index = query+` AND is_live = ?`, append(args, *q.IsLive), index+"_live"
+		query, args = query+` AND is_live = ?`, append(args, *q.IsLive)
 	}
 	if q.PaymentMethod != "" {
 		query, args = query+` AND payment_method = ?`, append(args, q.PaymentMethod)
-		index += "_method"
 	}
-	if index != "buttons_by" {
-		query = ` INDEXED BY ` + index + query
-	}
-	return `SELECT button FROM buttons` + query + ` ORDER BY id DESC LIMIT ?`, append(args, q.Limit+1)
+	return query + ` ORDER BY id DESC LIMIT ?`, append(args, q.Limit+1)
 }
 
 // create stores b as a new active button of account, and returns it as stored.
@@ -459,16 +456,17 @@ func (s *store) change(ctx context.Context, account, id string, ifMatch int64,
 func save(tx *sql.Tx, account string, b button) error {
 	text, _ := json.Marshal(b)
 	_, err := tx.Exec(`INSERT OR REPLACE INTO buttons
-		(account, id, state, is_live, payment_method, version, button) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+		(account, id, state, is_live, payment_method, version, button)
+		VALUES (?, ?, ?, ?, ?, ?, ?)`,
 		account, b.ID, b.State, b.IsLive, b.PaymentMethod, b.Version, string(text))
 	return err
 }
 
-// write runs fn in a write transaction of its own and commits it. It waits at most 5 s for its
-// turn, behind this server's writes (the one writer connection) and another process's
-// (busy_timeout, whose wait the driver ends with ctx); past that, and on a full disk, it returns
-// a 503 *apiError, and nothing of fn is stored. The commit ends within the deadline too, so no
-// write commits after its answer can no longer be sent.
+// write runs fn in a transaction of its own and commits it, all within 5 s. A write waits there
+// for its turn: first for the one writer connection, which this server's other writes hold; then
+// at BEGIN for another process's write (busy_timeout, a wait the driver ends with ctx). Past 5 s,
+// or on a full disk, it returns a 503 *apiError and nothing of fn is stored; so no write commits
+// after its client has stopped waiting for the answer.
 func (s *store) write(ctx context.Context, fn func(*sql.Tx) error) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

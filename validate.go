@@ -26,7 +26,8 @@ var (
 	// fixedFields are chosen at create. An update that names them is refused, not ignored, so that
 	// a client never believes it changed them.
 	fixedFields  = []string{"paymentMethod", "paymentType", "isLive", "billingInterval"}
-	updateFields = []string{"productName", "description", "amount", "currency", feeField, "metadata"}
+	updateFields = []string{"productName", "description", "amount", "currency", feeField,
+		"metadata"}
 	createFields = append(slices.Clone(updateFields), fixedFields...)
 )
 
@@ -71,6 +72,58 @@ func invalid(problems map[string]string) error {
 	return &apiError{code: codeInvalid, message: message, fields: shown}
 }
 
+// --- characters and amounts ---
+
+const (
+	digits    = "0123456789"
+	letters   = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+	nameChars = letters + digits + "._-" // of metadata keys, account names and request ids
+)
+
+// orNil is s, or nil for "": an absent value.
+func orNil(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// onlyOf reports whether every character of s is one of allowed.
+func onlyOf(s, allowed string) bool {
+	return !strings.ContainsFunc(s, func(r rune) bool { return !strings.ContainsRune(allowed, r) })
+}
+
+// decimal is a plain decimal number split at its dot, without the leading zeros of its whole part
+// or the trailing zeros of its fraction: "007.50" is {"7", "5"}.
+type decimal struct{ whole, frac string }
+
+// parseDecimal reads digits, optionally a dot and more digits; nothing else (no sign, exponent or
+// space).
+func parseDecimal(s string) (decimal, bool) {
+	whole, frac, dot := strings.Cut(s, ".")
+	ok := whole != "" && onlyOf(whole, digits) && (!dot || frac != "" && onlyOf(frac, digits))
+	return decimal{strings.TrimLeft(whole, "0"), strings.TrimRight(frac, "0")}, ok
+}
+
+func (d decimal) isZero() bool { return d.whole == "" && d.frac == "" }
+
+// scaled returns d * 10^exp; false when that is no whole number or is above limit. A digit string
+// too long for an int64 is a range error, never an overflow.
+func (d decimal) scaled(exp int, limit int64) (int64, bool) {
+	digits := "0" + d.whole + d.frac + strings.Repeat("0", max(0, exp-len(d.frac)))
+	n, err := strconv.ParseInt(digits, 10, 64)
+	return n, err == nil && len(d.frac) <= exp && n <= limit
+}
+
+// formatScaled writes n / 10^exp with exp decimal places.
+func formatScaled(n int64, exp int) string {
+	text := fmt.Sprintf("%0*d", exp+1, n)
+	if exp == 0 {
+		return text
+	}
+	return text[:len(text)-exp] + "." + text[len(text)-exp:]
+}
+
 // --- bodies and query strings ---
 
 // readBody returns the request body once it has checked the media type (none is read as JSON) and
@@ -91,8 +144,9 @@ func readBody(r *http.Request) ([]byte, error) {
 	return body, nil
 }
 
-// readObject reads body as one JSON object, then walks it name by name: encoding/json alone would
-// fold case and keep the last of a repeated name.
+// readObject reads body in two passes. The first lets encoding/json check that it is one JSON
+// object with nothing after it; the second walks its names one by one, as they were written, which
+// encoding/json alone would not: it folds case and keeps the last of a repeated name.
 func readObject(body []byte, known []string) (*fields, error) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	var object json.RawMessage
@@ -162,7 +216,8 @@ func (f *fields) oneOf(name string, allowed ...string) string {
 	if !ok || slices.Contains(allowed, s) {
 		return s
 	}
-	if i := slices.IndexFunc(allowed, func(a string) bool { return strings.EqualFold(a, s) }); i >= 0 {
+	i := slices.IndexFunc(allowed, func(a string) bool { return strings.EqualFold(a, s) })
+	if i >= 0 {
 		f.fail(name, fmt.Sprintf("must be exactly %q", allowed[i]))
 	} else {
 		f.fail(name, fmt.Sprintf("must be one of %q", allowed))
@@ -198,37 +253,48 @@ func decodeCreate(body []byte, providerName string) (button, error) {
 			f.fail(name, "is required")
 		}
 	}
+	paymentType := f.oneOf("paymentType", "one_time", "subscription")
 	b := button{
-		ProductName:   f.productName(),
-		Description:   orNil(f.description()),
-		Currency:      f.currency(),
-		PaymentMethod: f.oneOf("paymentMethod", providerName, "Stripe", "StripeConnect"),
-		PaymentType:   f.oneOf("paymentType", "one_time", "subscription"),
-		Metadata:      f.metadata(nil),
+		ProductName:     f.productName(),
+		Description:     orNil(f.description()),
+		Currency:        f.currency(),
+		BillingInterval: f.billingInterval(paymentType),
+		PaymentMethod:   f.oneOf("paymentMethod", providerName, "Stripe", "StripeConnect"),
+		PaymentType:     paymentType,
+		IsLive:          f.isLive(),
+		Metadata:        f.metadata(nil),
 	}
 	b.Amount = f.amount(b.Currency)
-	isLive, isBool := f.values["isLive"].(bool)
-	if !isBool && f.has("isLive") {
-		f.fail("isLive", "must be a boolean")
-	}
-	b.IsLive = isLive
-	// Case-insensitive in ASCII only: strings.ToLower maps the Kelvin sign to "k".
-	s, _ := f.str("billingInterval")
-	interval := billingIntervals[strings.ToLower(s)]
-	b.BillingInterval = orNil(interval)
-	if s != "" && (interval == "" || !onlyOf(s, letters)) {
-		f.fail("billingInterval", `must be one of "day", "week", "month", "year"`)
-	} else if b.PaymentType == "subscription" && interval == "" {
-		f.fail("billingInterval", "is required when paymentType is subscription")
-	} else if b.PaymentType == "one_time" && interval != "" {
-		f.fail("billingInterval", "must be absent when paymentType is one_time")
-	}
 	if f.has(feeField) {
 		b.Fee = orNil(f.fee(b.PaymentMethod))
 	} else if b.PaymentMethod == "StripeConnect" {
 		f.fail(feeField, "is required when paymentMethod is StripeConnect")
 	}
 	return b, invalid(f.problems)
+}
+
+// billingInterval returns the interval a subscription is billed at, and nil for a one_time price.
+// Its case is ASCII's only: strings.ToLower maps the Kelvin sign to "k".
+func (f *fields) billingInterval(paymentType string) *string {
+	s, _ := f.str("billingInterval")
+	interval := billingIntervals[strings.ToLower(s)]
+	if s != "" && (interval == "" || !onlyOf(s, letters)) {
+		f.fail("billingInterval", `must be one of "day", "week", "month", "year"`)
+	} else if paymentType == "subscription" && interval == "" {
+		f.fail("billingInterval", "is required when paymentType is subscription")
+	} else if paymentType == "one_time" && interval != "" {
+		f.fail("billingInterval", "must be absent when paymentType is one_time")
+	}
+	return orNil(interval)
+}
+
+// isLive must be a JSON boolean: "true" is a string.
+func (f *fields) isLive() bool {
+	isLive, isBool := f.values["isLive"].(bool)
+	if !isBool && f.has("isLive") {
+		f.fail("isLive", "must be a boolean")
+	}
+	return isLive
 }
 
 // billingIntervals maps every accepted spelling, lower-cased, to the interval stored.
@@ -468,61 +534,10 @@ func parseIfMatch(header string) (int64, error) {
 	digits, closed := strings.CutSuffix(digits, `"`)
 	version, err := strconv.ParseInt(digits, 10, 64)
 	if !opened || !closed || err != nil || version < 1 || strconv.FormatInt(version, 10) != digits {
-		return 0, invalid(map[string]string{"If-Match": `must be a version in quotes, as the ETag gives it: "3"`})
+		return 0, invalid(map[string]string{
+			"If-Match": `must be a version in quotes, as the ETag gives it: "3"`})
 	}
 	return version, nil
-}
-
-// --- characters and amounts ---
-
-const (
-	digits    = "0123456789"
-	letters   = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-	nameChars = letters + digits + "._-" // of metadata keys, account names and request ids
-)
-
-// orNil is s, or nil for "": an absent value.
-func orNil(s string) *string {
-	if s == "" {
-		return nil
-	}
-	return &s
-}
-
-// onlyOf reports whether every character of s is one of allowed.
-func onlyOf(s, allowed string) bool {
-	return !strings.ContainsFunc(s, func(r rune) bool { return !strings.ContainsRune(allowed, r) })
-}
-
-// decimal is a plain decimal number split at its dot, without the leading zeros of its whole part
-// or the trailing zeros of its fraction: "007.50" is {"7", "5"}.
-type decimal struct{ whole, frac string }
-
-// parseDecimal reads digits, optionally a dot and more digits; nothing else (no sign, exponent or
-// space).
-func parseDecimal(s string) (decimal, bool) {
-	whole, frac, dot := strings.Cut(s, ".")
-	ok := whole != "" && onlyOf(whole, digits) && (!dot || frac != "" && onlyOf(frac, digits))
-	return decimal{strings.TrimLeft(whole, "0"), strings.TrimRight(frac, "0")}, ok
-}
-
-func (d decimal) isZero() bool { return d.whole == "" && d.frac == "" }
-
-// scaled returns d * 10^exp; false when that is no whole number or is above limit. A digit string
-// too long for an int64 is a range error, never an overflow.
-func (d decimal) scaled(exp int, limit int64) (int64, bool) {
-	digits := "0" + d.whole + d.frac + strings.Repeat("0", max(0, exp-len(d.frac)))
-	n, err := strconv.ParseInt(digits, 10, 64)
-	return n, err == nil && len(d.frac) <= exp && n <= limit
-}
-
-// formatScaled writes n / 10^exp with exp decimal places.
-func formatScaled(n int64, exp int) string {
-	text := fmt.Sprintf("%0*d", exp+1, n)
-	if exp == 0 {
-		return text
-	}
-	return text[:len(text)-exp] + "." + text[len(text)-exp:]
 }
 
 // currencyExponents holds every active ISO 4217 currency (amendments through late 2026) with its
