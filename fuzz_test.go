@@ -266,7 +266,7 @@ func (o *oracle) str(in map[string]any, name string) string {
 func (o *oracle) oneOf(in map[string]any, name string, allowed ...string) string {
 	if s := o.str(in, name); slices.Contains(allowed, s) {
 		return s
-	} else if s != "" {
+	} else if in[name] != nil {
 		o.why[name] = fmt.Sprintf("is not one of %q", allowed)
 	}
 	return ""

@@ -255,22 +255,16 @@ func decodeCreate(body []byte, providerName string) (button, error) {
 	}
 	paymentType := f.oneOf("paymentType", "one_time", "subscription")
 	b := button{
-		ProductName:     f.productName(),
-		Description:     orNil(f.description()),
-		Currency:        f.currency(),
 		BillingInterval: f.billingInterval(paymentType),
 		PaymentMethod:   f.oneOf("paymentMethod", providerName, "Stripe", "StripeConnect"),
 		PaymentType:     paymentType,
 		IsLive:          f.isLive(),
-		Metadata:        f.metadata(nil),
 	}
-	b.Amount = f.amount(b.Currency)
-	if f.has(feeField) {
-		b.Fee = orNil(f.fee(b.PaymentMethod))
-	} else if b.PaymentMethod == "StripeConnect" {
+	if b.PaymentMethod == "StripeConnect" && !f.has(feeField) {
 		f.fail(feeField, "is required when paymentMethod is StripeConnect")
 	}
-	return b, invalid(f.problems)
+	err = f.apply(&b) // the fields an update may change too, by the same rules
+	return b, err
 }
 
 // billingInterval returns the interval a subscription is billed at, and nil for a one_time price.
@@ -321,10 +315,10 @@ func decodeUpdate(body []byte) (*fields, error) {
 	return f, invalid(f.problems)
 }
 
-// apply sets in b the fields of an update, or refuses them naming every field that breaks a rule:
-// the amount must fit the currency the button will have, and a new currency needs a new amount;
-// the fee is for a StripeConnect button only; metadata merges key by key. b is left as it was when
-// apply fails.
+// apply sets in b the fields that create and update share, or refuses the body with every problem
+// found in it: the amount must fit the currency the button will have, and a new currency needs a
+// new amount; the fee is for a StripeConnect button only; metadata merges key by key. b is left as
+// it was when apply fails.
 func (f *fields) apply(b *button) error {
 	next := *b
 	if f.has("productName") {
