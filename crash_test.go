@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"cmp"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -167,7 +168,13 @@ func checkCrash(t *testing.T, path string, mine [][]*crashButton, when string) {
 	err := db.QueryRow(`PRAGMA integrity_check`).Scan(&integrity)
 	require(t, err == nil && integrity == "ok", "%s: integrity_check: got %q (%v)", when, integrity, err)
 	rows, err := db.Query(`SELECT button FROM buttons`)
-	all, err := collect(rows, err, func(r *sql.Rows) (button, error) { return scanButton(r) })
+	all, err := collect(rows, err, func(r *sql.Rows) (b button, err error) {
+		var text []byte
+		if err = r.Scan(&text); err == nil {
+			err = json.Unmarshal(text, &b)
+		}
+		return b, err
+	})
 	require(t, err == nil, "%s: read the file: %v", when, err)
 	stored := map[string]button{}
 	for _, b := range all {

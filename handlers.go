@@ -46,8 +46,9 @@ func newServer(st *store, log *slog.Logger, providerName string) http.Handler {
 	s := &server{store: st, log: log, providerName: providerName,
 		document: bytes.ReplaceAll(openAPIDocument, []byte(`"the service"`), name)}
 	mux := http.NewServeMux()
-	// route serves method on path. The path alone, a pattern the mux tries after it, answers every
-	// other method: a 405 in the envelope, where the mux's own would be plain text.
+	// route serves method on path, and a 405 in the envelope for any other method (the mux's own
+	// is plain text): the mux prefers a pattern with a method to the path alone, which so gets only
+	// the methods left (GET serves HEAD too).
 	route := func(method, path string, h http.HandlerFunc) {
 		mux.HandleFunc(method+" "+path, h)
 		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
@@ -100,11 +101,8 @@ func (s *server) handleList(r *http.Request, key apiKey) (reply, error) {
 	if err != nil {
 		return reply{}, err
 	}
-	buttons, more, err := s.store.list(r.Context(), key.Account, q)
-	page := map[string]any{"items": buttons, "hasMore": more, "next": nil}
-	if more { // the cursor that asks for the next page
-		page["next"] = buttons[len(buttons)-1].ID
-	}
+	buttons, next, err := s.store.list(r.Context(), key.Account, q)
+	page := map[string]any{"items": buttons, "hasMore": next != "", "next": orNil(next)}
 	return reply{data: page, message: "ok"}, err
 }
 
@@ -220,6 +218,12 @@ type envelope struct {
 var internalError = []byte(
 	`{"isSuccess":false,"data":"","message":"internal error","code":"internal"}`)
 
+var statusOf = map[string]int{
+	codeInvalid: 400, codeUnauthorized: 401, codeForbidden: 403, codeNotFound: 404,
+	codeMethodNotAllowed: 405, codeWrongState: 409, codePrecondition: 412, codeTooLarge: 413,
+	codeMediaType: 415, codeInternal: 500, codeUnavailable: 503,
+}
+
 // send is the one way an answer goes out: rep in the envelope, or err's code and message. An
 // error that is not an *apiError is a fault: a 500 that logs its cause, which the client never
 // sees. A client that hung up is no fault: its answer is logged as 499, as nginx does.
@@ -245,15 +249,15 @@ func (s *server) send(w http.ResponseWriter, r *http.Request, rep reply, err err
 	if e != nil && r.Context().Err() != nil {
 		status = 499
 	} else if status >= 500 {
-		s.log.Error("request failed", "requestId", r.Header.Get("X-Request-Id"), "status", status,
+		s.log.Error("request failed", "requestId", w.Header().Get("X-Request-Id"), "status", status,
 			"err", e.cause)
 	}
 	w.WriteHeader(status)
 	w.Write(body)
 }
 
-// withBasics sets the headers of every answer and gives the request its id: the caller's
-// X-Request-Id when it is sane, which the request's header then holds. It turns a panic into a
+// withBasics sets the headers of every answer, X-Request-Id among them: the caller's when it is
+// sane, else a new one. It turns a panic into a
 // logged 500, and logs one line per request (never a key, only its id). A path the mux would
 // redirect ("..", "//", a trailing slash) or answer in plain text ("*") is a 404.
 func (s *server) withBasics(next http.Handler) http.Handler {
@@ -261,7 +265,6 @@ func (s *server) withBasics(next http.Handler) http.Handler {
 		start, id := time.Now(), r.Header.Get("X-Request-Id")
 		if len(id) < 1 || len(id) > 128 || !onlyOf(id, nameChars+":") {
 			id = "req_" + strconv.FormatUint(mathrand.Uint64(), 36) // unique, not secret
-			r.Header.Set("X-Request-Id", id)
 		}
 		h := w.Header()
 		h.Set("Content-Type", "application/json")
@@ -278,7 +281,7 @@ func (s *server) withBasics(next http.Handler) http.Handler {
 				log.WriteHeader(500)
 				log.Write(internalError)
 			}
-			// The mux has set r.Pattern and the path's id on r.
+			// ServeMux has set the route it chose, and the path's id, on this same r.
 			s.log.Info("request", "method", r.Method, "route", r.Pattern, "status", log.status,
 				"duration", time.Since(start), "requestId", id, "keyId", log.keyID,
 				"buttonId", r.PathValue("id"))

@@ -139,6 +139,23 @@ func require(t testing.TB, ok bool, format string, args ...any) {
 	}
 }
 
+// collect reads every row with scan.
+func collect[T any](rows *sql.Rows, err error, scan func(*sql.Rows) (T, error)) ([]T, error) {
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []T
+	for rows.Next() {
+		item, err := scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		items = append(items, item)
+	}
+	return items, rows.Err()
+}
+
 type m = map[string]any
 
 // createBody is a valid create body (19.90 USD, one time, Stripe) with changes.

@@ -24,7 +24,8 @@ import (
 
 // --- the model every file shares ---
 
-// The error codes a client branches on, and the HTTP status each is sent with.
+// The error codes a client branches on; statusOf, beside send in handlers.go, gives each its HTTP
+// status.
 const (
 	codeInvalid          = "invalid_request"
 	codeUnauthorized     = "unauthorized"
@@ -38,12 +39,6 @@ const (
 	codeInternal         = "internal"
 	codeUnavailable      = "unavailable"
 )
-
-var statusOf = map[string]int{
-	codeInvalid: 400, codeUnauthorized: 401, codeForbidden: 403, codeNotFound: 404,
-	codeMethodNotAllowed: 405, codeWrongState: 409, codePrecondition: 412, codeTooLarge: 413,
-	codeMediaType: 415, codeInternal: 500, codeUnavailable: 503,
-}
 
 // apiError is every failure a client is told of: a code, a message for people and, for
 // invalid_request, every failing field and why. cause is logged, never sent. Any other error is a
@@ -76,7 +71,7 @@ type button struct {
 	PaymentMethod   string            `json:"paymentMethod"`
 	PaymentType     string            `json:"paymentType"` // one_time or subscription
 	IsLive          bool              `json:"isLive"`
-	Fee             *string           `json:"ApplicationFeePercentage"` // two decimals: "2.50"
+	Fee             *string           `json:"ApplicationFeePercentage"` // the contract's name; "2.50"
 	Metadata        map[string]string `json:"metadata"`
 	State           string            `json:"state"`   // active or deleted
 	Version         int64             `json:"version"` // 1 at create, one more with every change
@@ -129,8 +124,9 @@ CREATE TABLE buttons (
 	button         TEXT NOT NULL, -- the button, as JSON: get sends it as it is
 	PRIMARY KEY (account, id)
 ) STRICT;
--- An index for each set of filters a list may name, each ending in id: a page reads its own
--- rows, newest first, however many buttons the account has.
+-- An index for each set of filters a list may name, each ending in id: SQLite picks the one that
+-- matches, so a page reads only its own rows, newest first, however many buttons the account has
+-- (TestListUsesAnIndex checks every set).
 CREATE INDEX buttons_by_state ON buttons (account, state, id);
 CREATE INDEX buttons_by_live ON buttons (account, is_live, id);
 CREATE INDEX buttons_by_method ON buttons (account, payment_method, id);
@@ -216,14 +212,16 @@ func (s *store) createSchema() error {
 	if err := tx.Commit(); err != nil {
 		return err
 	}
-	// WAL, so that reads never wait for a write; the file keeps the mode. The switch fails with
-	// BUSY at once, without waiting busy_timeout, while another process makes it too: so it is
-	// tried again for up to 5 s.
-	for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
-		_, err := s.writer.Exec("PRAGMA journal_mode = WAL")
-		if sqliteCode(err) != sqlite3.SQLITE_BUSY || time.Since(start) > 5*time.Second {
+	// WAL, so that reads never wait for a write; the file keeps the mode. While another process
+	// switches it too, the switch fails with BUSY at once (busy_timeout does not apply to it), so
+	// it is tried again for up to 5 s.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err = s.writer.Exec("PRAGMA journal_mode = WAL")
+		if sqliteCode(err) != sqlite3.SQLITE_BUSY || time.Now().After(deadline) {
 			return err
 		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -261,8 +259,9 @@ func checkFile(path string, create bool) error {
 	return nil
 }
 
-// linkCount is how many names the file has: every Unix counts them in Stat_t.Nlink, read by
-// reflection so that one file builds everywhere. Where the count is unknown (Windows), it is 1.
+// linkCount is how many names the file has. Every Unix counts them in syscall.Stat_t's Nlink, an
+// unsigned integer of a size that differs by system; it is read by reflection, as Windows has no
+// Stat_t and this file builds everywhere. Where there is no count, it is 1.
 func linkCount(info os.FileInfo) uint64 {
 	sys := reflect.Indirect(reflect.ValueOf(info.Sys()))
 	if sys.Kind() == reflect.Struct && sys.FieldByName("Nlink").CanUint() {
@@ -292,23 +291,6 @@ func sqliteCode(err error) int {
 // now is the clock of every stored time: RFC 3339 UTC with milliseconds, text that sorts as time.
 func now() string { return time.Now().UTC().Format("2006-01-02T15:04:05.000Z") }
 
-// collect reads every row with scan.
-func collect[T any](rows *sql.Rows, err error, scan func(*sql.Rows) (T, error)) ([]T, error) {
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []T{}
-	for rows.Next() {
-		item, err := scan(rows)
-		if err != nil {
-			return nil, err
-		}
-		items = append(items, item)
-	}
-	return items, rows.Err()
-}
-
 // --- keys ---
 
 // createKey mints a key for account and returns its secret, shown once, and its id.
@@ -328,10 +310,19 @@ func (s *store) createKey(ctx context.Context, account string, readOnly bool) (s
 func listKeys(ctx context.Context, db *sql.DB) ([]apiKey, error) {
 	rows, err := db.QueryContext(ctx, `SELECT id, account, read_only, created_at, revoked_at
 		FROM api_keys ORDER BY created_at, id`)
-	return collect(rows, err, func(rows *sql.Rows) (k apiKey, err error) {
-		err = rows.Scan(&k.ID, &k.Account, &k.ReadOnly, &k.CreatedAt, &k.RevokedAt)
-		return k, err
-	})
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var keys []apiKey
+	for rows.Next() {
+		var k apiKey
+		if err := rows.Scan(&k.ID, &k.Account, &k.ReadOnly, &k.CreatedAt, &k.RevokedAt); err != nil {
+			return nil, err
+		}
+		keys = append(keys, k)
+	}
+	return keys, rows.Err()
 }
 
 // revokeKey revokes the key with id; revoking it again changes nothing. An unknown id is an error.
@@ -362,19 +353,6 @@ func (s *store) authenticate(ctx context.Context, secret string) (apiKey, error)
 
 // --- buttons ---
 
-// scanButton reads a button's JSON; no row is errNotFound.
-func scanButton(row interface{ Scan(...any) error }) (b button, err error) {
-	var text []byte
-	err = row.Scan(&text)
-	if errors.Is(err, sql.ErrNoRows) {
-		return b, errNotFound
-	}
-	if err == nil {
-		err = json.Unmarshal(text, &b)
-	}
-	return b, err
-}
-
 // get returns account's button id, deleted or not, as its JSON, and its version.
 func (s *store) get(ctx context.Context, account, id string) (json.RawMessage, int64, error) {
 	var text []byte
@@ -386,21 +364,34 @@ func (s *store) get(ctx context.Context, account, id string) (json.RawMessage, i
 	return text, version, err
 }
 
-// list returns a page of account's buttons, newest first, and whether more follow.
-func (s *store) list(ctx context.Context, account string, q listQuery) ([]button, bool, error) {
+// list returns a page of account's buttons, newest first, as their JSON, and the id of its last
+// button when more follow ("" on the last page).
+func (s *store) list(ctx context.Context, account string, q listQuery) (page []json.RawMessage,
+	next string, err error) {
 	query, args := q.sql(account)
 	rows, err := s.reader.QueryContext(ctx, query, args...)
-	page, err := collect(rows, err, func(r *sql.Rows) (button, error) { return scanButton(r) })
-	if len(page) > q.Limit { // the one more asked for: the page is not the last
-		return page[:q.Limit], true, err
+	if err != nil {
+		return nil, "", err
 	}
-	return page, false, err
+	defer rows.Close()
+	page = []json.RawMessage{}
+	for rows.Next() {
+		if len(page) == q.Limit { // the one more the query asks for: more follow
+			return page, next, nil
+		}
+		var text []byte
+		if err := rows.Scan(&next, &text); err != nil {
+			return nil, "", err
+		}
+		page = append(page, text)
+	}
+	return page, "", rows.Err()
 }
 
 // sql is the query of a page of account's buttons, and its arguments. As ids never change, "id <
 // after" never skips or repeats a button; the schema has an index for each set of filters.
 func (q listQuery) sql(account string) (string, []any) {
-	query, args := `SELECT button FROM buttons WHERE account = ?`, []any{account}
+	query, args := `SELECT id, button FROM buttons WHERE account = ?`, []any{account}
 	if q.After != "" {
 		query, args = query+` AND id < ?`, append(args, q.After)
 	}
@@ -429,11 +420,15 @@ func (s *store) create(ctx context.Context, account string, b button) (button, e
 func (s *store) change(ctx context.Context, account, id string, ifMatch int64,
 	edit func(*button) error) (b button, changed bool, err error) {
 	err = s.write(ctx, func(tx *sql.Tx) error {
-		b, err = scanButton(tx.QueryRow(`SELECT button FROM buttons WHERE account = ? AND id = ?`,
-			account, id))
-		if err != nil {
+		var text []byte
+		err := tx.QueryRow(`SELECT button FROM buttons WHERE account = ? AND id = ?`, account, id).
+			Scan(&text)
+		if errors.Is(err, sql.ErrNoRows) {
+			return errNotFound
+		} else if err != nil {
 			return err
 		}
+		json.Unmarshal(text, &b) // written by save
 		if ifMatch != 0 && ifMatch != b.Version {
 			return errPrecondition
 		}

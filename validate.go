@@ -107,11 +107,12 @@ func parseDecimal(s string) (decimal, bool) {
 
 func (d decimal) isZero() bool { return d.whole == "" && d.frac == "" }
 
-// scaled returns d * 10^exp; false when that is no whole number or is above limit. A digit string
-// too long for an int64 is a range error, never an overflow.
+// scaled returns d * 10^exp; false when that is no whole number or is above limit. Its digits are
+// d's padded with zeros to exp decimal places ("19.9" at exp 2 is 1990; a leading "0" reads as 0
+// for "0.0"); a digit string too long for an int64 is a range error, never an overflow.
 func (d decimal) scaled(exp int, limit int64) (int64, bool) {
-	digits := "0" + d.whole + d.frac + strings.Repeat("0", max(0, exp-len(d.frac)))
-	n, err := strconv.ParseInt(digits, 10, 64)
+	text := "0" + d.whole + d.frac + strings.Repeat("0", max(0, exp-len(d.frac)))
+	n, err := strconv.ParseInt(text, 10, 64)
 	return n, err == nil && len(d.frac) <= exp && n <= limit
 }
 
@@ -225,19 +226,6 @@ func (f *fields) oneOf(name string, allowed ...string) string {
 	return ""
 }
 
-// whole returns the query parameter name as a whole number from min to max; def when it is absent.
-func (f *fields) whole(name string, min, max, def int64) int64 {
-	s, ok := f.str(name)
-	if !ok {
-		return def
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || !onlyOf(s, digits) || n < min || n > max {
-		f.fail(name, fmt.Sprintf("must be a whole number from %d to %d", min, max))
-	}
-	return n
-}
-
 // --- create and update ---
 
 // decodeCreate reads a create body into a new button, or refuses it with invalid_request naming
@@ -263,7 +251,8 @@ func decodeCreate(body []byte, providerName string) (button, error) {
 	if b.PaymentMethod == "StripeConnect" && !f.has(feeField) {
 		f.fail(feeField, "is required when paymentMethod is StripeConnect")
 	}
-	err = f.apply(&b) // the fields an update may change too, by the same rules
+	// The fields an update may change too, by the same rules; the fee's reads b.PaymentMethod.
+	err = f.apply(&b)
 	return b, err
 }
 
@@ -318,7 +307,8 @@ func decodeUpdate(body []byte) (*fields, error) {
 // apply sets in b the fields that create and update share, or refuses the body with every problem
 // found in it: the amount must fit the currency the button will have, and a new currency needs a
 // new amount; the fee is for a StripeConnect button only; metadata merges key by key. b is left as
-// it was when apply fails.
+// it was when apply fails. A currency or paymentMethod that is refused is "": the amount or fee
+// that depends on it is then checked only for its own form, so each mistake is named once.
 func (f *fields) apply(b *button) error {
 	next := *b
 	if f.has("productName") {
@@ -336,7 +326,7 @@ func (f *fields) apply(b *button) error {
 		f.fail("amount", "is required when currency changes")
 	}
 	if f.has(feeField) {
-		next.Fee = orNil(f.fee(b.PaymentMethod))
+		next.Fee = orNil(f.fee(next.PaymentMethod))
 	}
 	next.Metadata = f.metadata(b.Metadata)
 	if err := invalid(f.problems); err != nil {
@@ -502,7 +492,14 @@ func (f *fields) metadata(stored map[string]string) map[string]string {
 // filters.
 func decodeListQuery(raw, providerName string) (listQuery, error) {
 	f := readQuery(raw, "limit", "after", "state", "isLive", "paymentMethod")
-	q := listQuery{Limit: int(f.whole("limit", 1, 100, 20)), State: "active"}
+	q := listQuery{Limit: 20, State: "active"}
+	if limit, ok := f.str("limit"); ok {
+		n, err := strconv.Atoi(limit)
+		if err != nil || !onlyOf(limit, digits) || n < 1 || n > 100 {
+			f.fail("limit", "must be a whole number from 1 to 100")
+		}
+		q.Limit = n
+	}
 	q.After, _ = f.str("after")
 	if q.After != "" && !validButtonID(q.After) {
 		f.fail("after", "must be a button id: the next of the previous page")
@@ -524,10 +521,10 @@ func parseIfMatch(header string) (int64, error) {
 	if header == "" || header == "*" {
 		return 0, nil
 	}
-	digits, opened := strings.CutPrefix(header, `"`)
-	digits, closed := strings.CutSuffix(digits, `"`)
-	version, err := strconv.ParseInt(digits, 10, 64)
-	if !opened || !closed || err != nil || version < 1 || strconv.FormatInt(version, 10) != digits {
+	number, opened := strings.CutPrefix(header, `"`)
+	number, closed := strings.CutSuffix(number, `"`)
+	version, err := strconv.ParseInt(number, 10, 64)
+	if !opened || !closed || err != nil || version < 1 || strconv.FormatInt(version, 10) != number {
 		return 0, invalid(map[string]string{
 			"If-Match": `must be a version in quotes, as the ETag gives it: "3"`})
 	}
