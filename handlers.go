@@ -170,13 +170,26 @@ func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
 
 // --- what every request goes through ---
 
+// accessLog notes, for the log line withBasics writes for each request, the status it was answered
+// with and the id of the key that asked (withKey sets it).
+type accessLog struct {
+	http.ResponseWriter
+	status int
+	keyID  string
+}
+
+func (w *accessLog) WriteHeader(status int) {
+	w.status = status
+	w.ResponseWriter.WriteHeader(status)
+}
+
 // withKey answers with h once admit has admitted the request's key, for the key's account.
 func (s *server) withKey(write bool,
 	h func(*http.Request, apiKey) (reply, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		key, err := s.admit(r, write)
-		if log, ok := w.(*accessLog); ok {
-			log.keyID = key.ID // the access log names the key that asked
+		if access, ok := w.(*accessLog); ok {
+			access.keyID = key.ID // the access log names the key that asked
 		}
 		if err != nil {
 			s.send(w, r, reply{}, err)
@@ -271,38 +284,22 @@ func (s *server) withBasics(next http.Handler) http.Handler {
 		h.Set("Cache-Control", "no-store")
 		h.Set("X-Content-Type-Options", "nosniff")
 		h.Set("X-Request-Id", id)
-		log := &accessLog{ResponseWriter: w, status: 200}
+		access := &accessLog{ResponseWriter: w, status: 200}
 		defer func() {
 			if v := recover(); v != nil {
-				if v == http.ErrAbortHandler {
-					panic(v)
-				}
 				s.log.Error("panic", "requestId", id, "panic", v, "stack", string(debug.Stack()))
-				log.WriteHeader(500)
-				log.Write(internalError)
+				access.WriteHeader(500)
+				access.Write(internalError)
 			}
 			// ServeMux has set the route it chose, and the path's id, on this same r.
-			s.log.Info("request", "method", r.Method, "route", r.Pattern, "status", log.status,
-				"duration", time.Since(start), "requestId", id, "keyId", log.keyID,
+			s.log.Info("request", "method", r.Method, "route", r.Pattern, "status", access.status,
+				"duration", time.Since(start), "requestId", id, "keyId", access.keyID,
 				"buttonId", r.PathValue("id"))
 		}()
 		if !strings.HasPrefix(r.URL.Path, "/") || path.Clean(r.URL.Path) != r.URL.Path {
-			s.send(log, r, reply{}, errNoPath)
+			s.send(access, r, reply{}, errNoPath)
 		} else {
-			next.ServeHTTP(log, r)
+			next.ServeHTTP(access, r)
 		}
 	})
-}
-
-// accessLog notes for the log line of a request the status it was answered with, and the id of
-// the key that asked (withKey sets it).
-type accessLog struct {
-	http.ResponseWriter
-	status int
-	keyID  string
-}
-
-func (w *accessLog) WriteHeader(status int) {
-	w.status = status
-	w.ResponseWriter.WriteHeader(status)
 }

@@ -10,6 +10,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/tls"
+	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -263,13 +264,19 @@ func keysCreate(ctx context.Context, fs *flag.FlagSet, db *string, args []string
 	return nil
 }
 
+// readOnlyDatabase parses args into fs, which must leave no argument, and opens the database at db
+// read-only, for a command that only reads it.
+func readOnlyDatabase(fs *flag.FlagSet, args []string, db *string) (*sql.DB, error) {
+	if err := parseFlags(fs, args, 0); err != nil {
+		return nil, err
+	}
+	return openToRead(*db)
+}
+
 // keysList prints every key, a line each: never a secret.
 func keysList(ctx context.Context, fs *flag.FlagSet, db *string, args []string,
 	stdout io.Writer) error {
-	if err := parseFlags(fs, args, 0); err != nil {
-		return err
-	}
-	file, err := openToRead(*db)
+	file, err := readOnlyDatabase(fs, args, db)
 	if err != nil {
 		return err
 	}
@@ -330,10 +337,7 @@ func backup(fs *flag.FlagSet, db *string, args []string, stdout io.Writer) error
 
 // check prints what SQLite's integrity check finds: "ok", or the damage, which is an error.
 func check(fs *flag.FlagSet, db *string, args []string, stdout io.Writer) error {
-	if err := parseFlags(fs, args, 0); err != nil {
-		return err
-	}
-	file, err := openToRead(*db)
+	file, err := readOnlyDatabase(fs, args, db)
 	if err != nil {
 		return err
 	}

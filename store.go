@@ -140,6 +140,7 @@ type store struct {
 	writer, reader *sql.DB
 	// What every request and every get run, prepared once: SQLite parses anything else each time.
 	keyBySecret, buttonByID *sql.Stmt
+	writeWait               time.Duration // how long a write may wait for its turn: 5 s
 }
 
 // openStore opens the database file at path, making it a paybuttons database if it is new (or,
@@ -151,15 +152,14 @@ func openStore(path string, create bool) (*store, error) {
 	}
 	// synchronous=FULL: a write is on disk before it is answered. _txlock=immediate: a write takes
 	// the write lock at BEGIN, waiting there (busy_timeout) while another process writes. Readers
-	// are a pool of their own, query_only, so a read never waits for the writer connection.
+	// are a pool of their own, so a read never waits for the writer connection.
 	writer, _ := sql.Open("sqlite", sqliteURI(path,
 		"_pragma=busy_timeout(5000)&_pragma=synchronous(FULL)&_txlock=immediate"))
 	writer.SetMaxOpenConns(1)
-	reader, _ := sql.Open("sqlite", sqliteURI(path,
-		"_pragma=busy_timeout(5000)&_pragma=query_only(1)"))
+	reader, _ := sql.Open("sqlite", sqliteURI(path, "_pragma=busy_timeout(5000)"))
 	reader.SetMaxOpenConns(4) // each has a page cache of its own; four keep two cores busy
 	reader.SetMaxIdleConns(4)
-	s := &store{writer: writer, reader: reader}
+	s := &store{writer: writer, reader: reader, writeWait: 5 * time.Second}
 	err := s.createSchema()
 	if err == nil {
 		s.keyBySecret, err = reader.Prepare(`SELECT id, account, read_only
@@ -457,13 +457,13 @@ func save(tx *sql.Tx, account string, b button) error {
 	return err
 }
 
-// write runs fn in a transaction of its own and commits it, all within 5 s. A write waits there
-// for its turn: first for the one writer connection, which this server's other writes hold; then
-// at BEGIN for another process's write (busy_timeout, a wait the driver ends with ctx). Past 5 s,
-// or on a full disk, it returns a 503 *apiError and nothing of fn is stored; so no write commits
-// after its client has stopped waiting for the answer.
+// write runs fn in a transaction of its own and commits it, all within writeWait. A write waits
+// there for its turn: first for the one writer connection, which this server's other writes hold;
+// then at BEGIN for another process's write (busy_timeout, a wait the driver ends with ctx). Past
+// writeWait, or on a full disk, it returns a 503 *apiError and nothing of fn is stored; so no write
+// commits after its client has stopped waiting for the answer.
 func (s *store) write(ctx context.Context, fn func(*sql.Tx) error) error {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, s.writeWait)
 	defer cancel()
 	tx, err := s.writer.BeginTx(ctx, nil)
 	if err == nil {

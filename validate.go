@@ -54,15 +54,14 @@ func invalid(problems map[string]string) error {
 		return nil
 	}
 	names := slices.Sorted(maps.Keys(problems))
-	shown := map[string]string{}
+	shown, list := map[string]string{}, []string{}
 	for _, name := range names[:min(len(names), 20)] {
+		why := problems[name]
 		if runes := []rune(name); len(runes) > 40 {
-			shown[string(runes[:39])+"…"] = problems[name]
-		} else {
-			shown[name] = problems[name]
+			name = string(runes[:39]) + "…"
 		}
+		shown[name], list = why, append(list, name)
 	}
-	list := slices.Sorted(maps.Keys(shown))
 	message := fmt.Sprintf("%d fields are invalid: %s", len(names), strings.Join(list, ", "))
 	if len(names) == 1 {
 		message = list[0] + " " + shown[list[0]]
@@ -107,13 +106,13 @@ func parseDecimal(s string) (decimal, bool) {
 
 func (d decimal) isZero() bool { return d.whole == "" && d.frac == "" }
 
-// scaled returns d * 10^exp; false when that is no whole number or is above limit. Its digits are
-// d's padded with zeros to exp decimal places ("19.9" at exp 2 is 1990; a leading "0" reads as 0
-// for "0.0"); a digit string too long for an int64 is a range error, never an overflow.
+// scaled returns d * 10^exp, for d with at most exp decimal places; false when it is above limit.
+// Its digits are d's padded with zeros to exp places ("19.9" at exp 2 is 1990; the leading "0"
+// reads "0.0" as 0); a digit string too long for an int64 is a range error, never an overflow.
 func (d decimal) scaled(exp int, limit int64) (int64, bool) {
-	text := "0" + d.whole + d.frac + strings.Repeat("0", max(0, exp-len(d.frac)))
+	text := "0" + d.whole + d.frac + strings.Repeat("0", exp-len(d.frac))
 	n, err := strconv.ParseInt(text, 10, 64)
-	return n, err == nil && len(d.frac) <= exp && n <= limit
+	return n, err == nil && n <= limit
 }
 
 // formatScaled writes n / 10^exp with exp decimal places.
@@ -406,12 +405,13 @@ func (f *fields) amount(currency string) string {
 		return ""
 	}
 	exp := currencyExponents[currency]
-	n, fits := d.scaled(exp, maxAmountMinor)
 	if len(d.frac) > exp {
 		f.fail("amount", fmt.Sprintf("cannot be expressed in %s, which has %d decimal places",
 			currency, exp))
 		return ""
-	} else if !fits {
+	}
+	n, fits := d.scaled(exp, maxAmountMinor)
+	if !fits {
 		f.fail("amount", fmt.Sprintf("is above the maximum of %s %s",
 			formatScaled(maxAmountMinor, exp), currency))
 		return ""
@@ -429,11 +429,12 @@ func (f *fields) fee(method string) string {
 		f.fail(feeField, "is only allowed when paymentMethod is StripeConnect")
 		return ""
 	}
-	basisPoints, fits := d.scaled(2, 10_000)
 	if len(d.frac) > 2 {
 		f.fail(feeField, "must have at most 2 decimal places")
 		return ""
-	} else if !fits || basisPoints == 0 {
+	}
+	basisPoints, fits := d.scaled(2, 10_000)
+	if !fits || basisPoints == 0 {
 		f.fail(feeField, "must be between 0.01 and 100")
 		return ""
 	}
