@@ -31,5 +31,3 @@ func TestOpenAPIDocument(t *testing.T) {
 	expect(t, slices.Equal(methods, []string{"Acme Pay", "Stripe", "StripeConnect"}), "GET /openapi.json "+
 		"with -provider-name \"Acme Pay\": got paymentMethod %v", methods)
 }
-
-func jsonOf(v any) string { b, _ := json.Marshal(v); return string(b) }
