@@ -16,7 +16,7 @@ import (
 	"time"
 )
 
-// openAPIDocument describes the API, for the default -provider-name.
+// openAPIDocument describes the API, with the default -provider-name.
 //
 //go:embed openapi.json
 var openAPIDocument []byte
@@ -29,26 +29,26 @@ type server struct {
 	document     []byte // openAPIDocument, naming providerName
 }
 
-// reply is what a handler answers when it succeeds: the envelope's data and message, and the
-// button's version as the ETag (0 for none).
+// reply is a handler's answer when it succeeds: the envelope's data and message, and the button's
+// version, sent as the ETag (0 for none).
 type reply struct {
 	data    any
 	message string
 	version int64
 }
 
-// newServer returns the whole API. Every answer but the OpenAPI document is the JSON envelope, the
-// mux's own 404 and 405 included.
+// newServer returns the whole API. Every answer except the OpenAPI document is the JSON envelope,
+// including the 404 and 405 the mux would otherwise write itself.
 func newServer(st *store, log *slog.Logger, providerName string) http.Handler {
-	// The document lists the default name as paymentMethod's first value, its one JSON string
-	// "the service".
+	// The document has the default name once, as the JSON string "the service": the first value
+	// of paymentMethod.
 	name, _ := json.Marshal(providerName)
 	s := &server{store: st, log: log, providerName: providerName,
 		document: bytes.ReplaceAll(openAPIDocument, []byte(`"the service"`), name)}
 	mux := http.NewServeMux()
-	// route serves method on path, and a 405 in the envelope for any other method (the mux's own
-	// is plain text): the mux prefers a pattern with a method to the path alone, which so gets only
-	// the methods left (GET serves HEAD too).
+	// route serves method on path, and answers any other method with a 405 in the envelope (the
+	// mux's own 405 is plain text). The mux prefers a pattern with a method to the bare path, so
+	// the bare path gets only the other methods. GET also serves HEAD.
 	route := func(method, path string, h http.HandlerFunc) {
 		mux.HandleFunc(method+" "+path, h)
 		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
@@ -88,12 +88,12 @@ func (s *server) handleCreate(r *http.Request, key apiKey) (reply, error) {
 		return reply{}, err
 	}
 	b, err = s.store.create(r.Context(), key.Account, b)
-	return reply{b.ID, "created", b.Version}, err
+	return reply{data: b.ID, message: "created", version: b.Version}, err
 }
 
 func (s *server) handleGet(r *http.Request, key apiKey) (reply, error) {
 	b, version, err := s.store.get(r.Context(), key.Account, r.PathValue("id"))
-	return reply{b, "ok", version}, err
+	return reply{data: b, message: "ok", version: version}, err
 }
 
 func (s *server) handleList(r *http.Request, key apiKey) (reply, error) {
@@ -143,8 +143,8 @@ func (s *server) handleRestore(r *http.Request, key apiKey) (reply, error) {
 	})
 }
 
-// changeButton lets edit change the button the path names, if it still has the version If-Match
-// names, and answers message, or "unchanged" when edit changed nothing.
+// changeButton runs edit on the button the path names, if it still has the version If-Match names.
+// It answers message, or "unchanged" when edit changed nothing.
 func (s *server) changeButton(r *http.Request, key apiKey, message string,
 	edit func(*button) error) (reply, error) {
 	ifMatch, err := parseIfMatch(r.Header.Get("If-Match"))
@@ -155,7 +155,7 @@ func (s *server) changeButton(r *http.Request, key apiKey, message string,
 	if !changed {
 		message = "unchanged"
 	}
-	return reply{b.ID, message, b.Version}, err
+	return reply{data: b.ID, message: message, version: b.Version}, err
 }
 
 func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
@@ -165,13 +165,13 @@ func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		err = &apiError{code: codeUnavailable, message: "the database does not answer", cause: err}
 	}
-	s.send(w, r, reply{"ok", "the database answers", 0}, err)
+	s.send(w, r, reply{data: "ok", message: "the database answers"}, err)
 }
 
 // --- what every request goes through ---
 
-// accessLog notes, for the log line withBasics writes for each request, the status it was answered
-// with and the id of the key that asked (withKey sets it).
+// accessLog records, for the log line withBasics writes for each request, the status sent and the
+// id of the key that asked (withKey sets it).
 type accessLog struct {
 	http.ResponseWriter
 	status int
@@ -183,7 +183,7 @@ func (w *accessLog) WriteHeader(status int) {
 	w.ResponseWriter.WriteHeader(status)
 }
 
-// withKey answers with h once admit has admitted the request's key, for the key's account.
+// withKey runs h for the request's key, once admit has let the key in.
 func (s *server) withKey(write bool,
 	h func(*http.Request, apiKey) (reply, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
@@ -200,9 +200,9 @@ func (s *server) withKey(write bool,
 	}
 }
 
-// admit returns the request's live key, before anything else is read: 401 for a missing, unknown
-// or revoked key, 403 for a read-only key on a write. A write that carries Idempotency-Key is
-// refused, so that no client believes a retry of it is safe.
+// admit returns the request's live key, before anything else is read. It answers 401 for a
+// missing, unknown or revoked key, and 403 for a read-only key on a write. A write that carries
+// Idempotency-Key is refused, so that no client believes a retry of it is safe.
 func (s *server) admit(r *http.Request, write bool) (apiKey, error) {
 	secret := r.Header.Get("X-API-KEY")
 	if secret == "" {
@@ -237,9 +237,9 @@ var statusOf = map[string]int{
 	codeMediaType: 415, codeInternal: 500, codeUnavailable: 503,
 }
 
-// send is the one way an answer goes out: rep in the envelope, or err's code and message. An
-// error that is not an *apiError is a fault: a 500 that logs its cause, which the client never
-// sees. A client that hung up is no fault: its answer is logged as 499, as nginx does.
+// send writes every answer: rep in the envelope, or err's code and message. An error that is not
+// an *apiError is a fault: a 500 whose cause is logged, never sent. A client that hung up is not a
+// fault; its answer is logged with status 499, as nginx does.
 func (s *server) send(w http.ResponseWriter, r *http.Request, rep reply, err error) {
 	var e *apiError
 	if err != nil && !errors.As(err, &e) {
@@ -270,9 +270,9 @@ func (s *server) send(w http.ResponseWriter, r *http.Request, rep reply, err err
 }
 
 // withBasics sets the headers of every answer, X-Request-Id among them: the caller's when it is
-// sane, else a new one. It turns a panic into a
-// logged 500, and logs one line per request (never a key, only its id). A path the mux would
-// redirect ("..", "//", a trailing slash) or answer in plain text ("*") is a 404.
+// sane, else a new one. It turns a panic into a logged 500, and logs one line per request (with a
+// key's id, never its secret). A path the mux would redirect ("..", "//", a trailing slash) or
+// answer in plain text ("*") is a 404.
 func (s *server) withBasics(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start, id := time.Now(), r.Header.Get("X-Request-Id")
@@ -291,7 +291,7 @@ func (s *server) withBasics(next http.Handler) http.Handler {
 				access.WriteHeader(500)
 				access.Write(internalError)
 			}
-			// ServeMux has set the route it chose, and the path's id, on this same r.
+			// ServeMux set the pattern it chose, and the path's id, on this same r.
 			s.log.Info("request", "method", r.Method, "route", r.Pattern, "status", access.status,
 				"duration", time.Since(start), "requestId", id, "keyId", access.keyID,
 				"buttonId", r.PathValue("id"))

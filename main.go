@@ -1,9 +1,9 @@
-// Command paybuttons stores the configurations of checkout payment buttons and serves them over a
-// JSON/HTTP API, from one SQLite file.
+// Command paybuttons stores the configurations of checkout payment buttons in one SQLite file and
+// serves them over a JSON/HTTP API.
 //
-// Read store.go first (the model every file shares, then the storage API), then validate.go
-// (request decoding and every field rule), handlers.go (the HTTP API) and this file (the commands).
-// Data walks one way: handler, decode and validate, store, envelope.
+// Read store.go first: it holds the model that every file shares, then the storage API. Then read
+// validate.go (request decoding and every field rule), handlers.go (the HTTP API) and this file
+// (the commands). Data flows in one direction: handler, decode and validate, store, envelope.
 package main
 
 import (
@@ -33,7 +33,7 @@ func main() {
 	}
 }
 
-// usageError is a mistake in the command line: exit status 2, where other errors are 1.
+// usageError is a mistake in the command line. It gives exit status 2, and other errors give 1.
 type usageError struct{ msg string }
 
 func (e *usageError) Error() string { return e.msg }
@@ -55,8 +55,8 @@ const usage = `usage:
 Each takes -db (paybuttons.db). serve's flags and -db can also be set as PAYBUTTONS_<FLAG>
 (PAYBUTTONS_DB, PAYBUTTONS_PROVIDER_NAME, ...); a flag beats its variable.`
 
-// run is the whole program: args[0] is its name, getenv reads the environment. It returns what main
-// would exit with; a mistake in the command line is a *usageError.
+// run is the whole program. args[0] is the program's name, and getenv reads the environment. It
+// returns the error that main exits with. A mistake in the command line is a *usageError.
 func run(ctx context.Context, args []string, getenv func(string) string,
 	stdout, stderr io.Writer) error {
 	command, args := "serve", args[1:]
@@ -66,7 +66,8 @@ func run(ctx context.Context, args []string, getenv func(string) string,
 	if command == "keys" && len(args) > 0 {
 		command, args = "keys "+args[0], args[1:]
 	}
-	// The environment sets the defaults of the deployment's flags: serve's, and every -db.
+	// The environment sets the defaults of the deployment's flags, which are serve's flags and
+	// the -db of every command.
 	env := func(name, def string) string { return cmp.Or(getenv("PAYBUTTONS_"+name), def) }
 	fs := flag.NewFlagSet(command, flag.ContinueOnError)
 	db := fs.String("db", env("DB", "paybuttons.db"), "SQLite database file")
@@ -89,7 +90,7 @@ func run(ctx context.Context, args []string, getenv func(string) string,
 	return &usageError{fmt.Sprintf("unknown command %q: try serve, keys, backup or check", command)}
 }
 
-// parseFlags parses args into fs, which must leave want arguments.
+// parseFlags parses args into fs and checks that exactly want arguments remain after the flags.
 func parseFlags(fs *flag.FlagSet, args []string, want int) error {
 	fs.SetOutput(io.Discard)
 	err := fs.Parse(args)
@@ -104,9 +105,9 @@ func parseFlags(fs *flag.FlagSet, args []string, want int) error {
 	return nil
 }
 
-// serve runs the API until ctx ends or SIGINT or SIGTERM arrives. Then it stops accepting, lets the
-// requests in flight finish (up to 10 s, then cuts their connections), closes the database and
-// returns nil.
+// serve runs the API until ctx ends or SIGINT or SIGTERM arrives. Then it stops accepting
+// connections and gives the requests in flight up to 10 s to finish, after which it cuts their
+// connections. Finally it closes the database and returns nil.
 func serve(ctx context.Context, fs *flag.FlagSet, db *string, args []string,
 	env func(name, def string) string, stderr io.Writer) error {
 	addr := fs.String("addr", env("ADDR", "localhost:8080"), "address to listen on")
@@ -142,8 +143,8 @@ func serve(ctx context.Context, fs *flag.FlagSet, db *string, args []string,
 		ReadTimeout:                  10 * time.Second,
 		WriteTimeout:                 15 * time.Second,
 		IdleTimeout:                  60 * time.Second,
-		MaxHeaderBytes:               12 << 10, // net/http allows 4 KiB more: 16 KiB in all
-		DisableGeneralOptionsHandler: true,     // OPTIONS * gets the envelope too
+		MaxHeaderBytes:               12 << 10, // net/http adds 4 KiB to this, for 16 KiB in all
+		DisableGeneralOptionsHandler: true,     // so that OPTIONS * gets the envelope too
 		ErrorLog:                     slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	var certificates []tls.Certificate
@@ -155,8 +156,8 @@ func serve(ctx context.Context, fs *flag.FlagSet, db *string, args []string,
 		certificates = append(certificates, cert)
 	}
 
-	// The port first, so that a start refused for it touches no file; the key last, so that a start
-	// that fails mints none.
+	// Listen on the port first, so that a start that fails there touches no file. Create the first
+	// key last, so that a start that fails creates no key.
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return err
@@ -187,12 +188,12 @@ func serve(ctx context.Context, fs *flag.FlagSet, db *string, args []string,
 	case <-ctx.Done():
 	}
 	log.Info("shutting down")
-	// A context of its own: ctx is done already.
+	// Shutdown needs a context of its own, because ctx is already done.
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := srv.Shutdown(shutdownCtx); err != nil {
-		// Every change a request still running asked for is committed or refused before its answer
-		// is written: cutting its connection loses nothing.
+		// A request's change is committed or refused before its answer is written. So cutting the
+		// connection of a request that is still running loses nothing.
 		log.Warn("cut the connections of requests still running after 10 s", "err", err)
 		srv.Close()
 	}
@@ -200,9 +201,10 @@ func serve(ctx context.Context, fs *flag.FlagSet, db *string, args []string,
 	return nil
 }
 
-// firstKey mints a key for account "default" when the database has none, so that `go run .` alone
-// is enough to try the service. It prints the secret only to a terminal: a secret never goes to
-// a log (under systemd, stderr is the journal). Elsewhere it logs how to make a key.
+// firstKey creates a key for account "default" when the database has none, so that `go run .`
+// alone is enough to try the service. It prints the secret only to a terminal, because a secret
+// must never go to a log, and under systemd stderr is the journal. When stderr is not a terminal,
+// it logs how to make a key instead.
 func firstKey(ctx context.Context, st *store, stderr io.Writer, log *slog.Logger) error {
 	keys, err := listKeys(ctx, st.reader)
 	if err != nil || len(keys) > 0 {
@@ -220,8 +222,8 @@ func firstKey(ctx context.Context, st *store, stderr io.Writer, log *slog.Logger
 	return err
 }
 
-// isTerminal reports whether w is a terminal, as far as the standard library tells: a character
-// device other than the null device, where a secret is lost.
+// isTerminal reports whether w is a terminal, as far as the standard library can tell. That means
+// a character device other than the null device, since a secret written to the null device is lost.
 func isTerminal(w io.Writer) bool {
 	file, ok := w.(*os.File)
 	if !ok {
@@ -233,8 +235,9 @@ func isTerminal(w io.Writer) bool {
 		(nullErr != nil || !os.SameFile(info, null))
 }
 
-// keysCreate mints a key and prints only its secret on stdout, for $(...), and its id on stderr.
-// -account and -read-only are asked for each time: the environment never sets them.
+// keysCreate creates a key. It prints only the secret on stdout, so that $(...) captures it, and
+// the key's id on stderr. The environment never sets -account or -read-only, so they are chosen
+// for each key.
 func keysCreate(ctx context.Context, fs *flag.FlagSet, db *string, args []string,
 	stdout, stderr io.Writer) error {
 	account := fs.String("account", "", "the account of the new key")
@@ -264,8 +267,8 @@ func keysCreate(ctx context.Context, fs *flag.FlagSet, db *string, args []string
 	return nil
 }
 
-// readOnlyDatabase parses args into fs, which must leave no argument, and opens the database at db
-// read-only, for a command that only reads it.
+// readOnlyDatabase parses args into fs, which must leave no arguments, and opens the database at
+// db read-only. It is for the commands that only read the database.
 func readOnlyDatabase(fs *flag.FlagSet, args []string, db *string) (*sql.DB, error) {
 	if err := parseFlags(fs, args, 0); err != nil {
 		return nil, err
@@ -273,7 +276,7 @@ func readOnlyDatabase(fs *flag.FlagSet, args []string, db *string) (*sql.DB, err
 	return openToRead(*db)
 }
 
-// keysList prints every key, a line each: never a secret.
+// keysList prints every key, one line each. It never prints a secret.
 func keysList(ctx context.Context, fs *flag.FlagSet, db *string, args []string,
 	stdout io.Writer) error {
 	file, err := readOnlyDatabase(fs, args, db)
@@ -307,8 +310,8 @@ func keysRevoke(ctx context.Context, fs *flag.FlagSet, db *string, args []string
 	return errors.Join(st.revokeKey(ctx, fs.Arg(0)), st.close())
 }
 
-// backup copies the database to DEST, never over a file there. It writes a temporary file first: a
-// backup killed halfway leaves nothing at DEST.
+// backup copies the database to DEST, and never overwrites a file already there. It writes a
+// temporary file first, so that a backup killed halfway leaves nothing at DEST.
 func backup(fs *flag.FlagSet, db *string, args []string, stdout io.Writer) error {
 	if err := parseFlags(fs, args, 1); err != nil {
 		return err
@@ -324,7 +327,7 @@ func backup(fs *flag.FlagSet, db *string, args []string, stdout io.Writer) error
 		return err
 	}
 	defer file.Close()
-	os.Remove(dest + ".partial") // what a killed backup left
+	os.Remove(dest + ".partial") // left behind by a backup that was killed
 	if _, err := file.Exec("VACUUM INTO ?", dest+".partial"); err != nil {
 		return err
 	}
@@ -335,7 +338,8 @@ func backup(fs *flag.FlagSet, db *string, args []string, stdout io.Writer) error
 	return nil
 }
 
-// check prints what SQLite's integrity check finds: "ok", or the damage, which is an error.
+// check prints what SQLite's integrity check finds. That is "ok", or the damage, which makes
+// check return an error.
 func check(fs *flag.FlagSet, db *string, args []string, stdout io.Writer) error {
 	file, err := readOnlyDatabase(fs, args, db)
 	if err != nil {

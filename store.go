@@ -24,8 +24,8 @@ import (
 
 // --- the model every file shares ---
 
-// The error codes a client branches on; statusOf, beside send in handlers.go, gives each its HTTP
-// status.
+// The error codes a client branches on. statusOf, next to send in handlers.go, gives the HTTP
+// status each is sent with.
 const (
 	codeInvalid          = "invalid_request"
 	codeUnauthorized     = "unauthorized"
@@ -40,9 +40,9 @@ const (
 	codeUnavailable      = "unavailable"
 )
 
-// apiError is every failure a client is told of: a code, a message for people and, for
-// invalid_request, every failing field and why. cause is logged, never sent. Any other error is a
-// fault: a 500.
+// apiError is a failure the client is told about: a code, a message for people and, for
+// invalid_request, every failing field with the reason. cause is logged but never sent. Any other
+// error is a fault, answered with a 500.
 type apiError struct {
 	code    string
 	message string
@@ -59,8 +59,8 @@ var (
 		message: "the button has changed since the version in If-Match; get it again"}
 )
 
-// button is one payment button as the API shows it, and as it is stored: this JSON. An absent
-// optional value is nil (null).
+// button is one payment button. The API shows it as this JSON, and the database stores the same
+// JSON. An optional value that is absent is nil, shown as null.
 type button struct {
 	ID              string            `json:"id"`
 	ProductName     string            `json:"productName"`
@@ -98,9 +98,9 @@ type listQuery struct {
 
 // --- the storage API ---
 //
-// Reads (authenticate, get, list, listKeys, ping) run on read-only connections, which never wait
-// for a write (WAL). Writes (create, change, createKey, revokeKey) run one at a time, each in a
-// transaction of its own that is on disk before it returns. A refusal is an *apiError.
+// Reads (authenticate, get, list, listKeys, ping) use the reader connections; in WAL mode a read
+// never waits for a write. Writes (create, change, createKey, revokeKey) run one at a time, each in
+// its own transaction, which is on disk before the call returns. A refusal is an *apiError.
 
 const applicationID = 0x70627574 // "pbut": PRAGMA application_id of every paybuttons database
 
@@ -135,29 +135,30 @@ CREATE INDEX buttons_by_state_method ON buttons (account, state, payment_method,
 CREATE INDEX buttons_by_live_method ON buttons (account, is_live, payment_method, id);
 CREATE INDEX buttons_by_state_live_method ON buttons (account, state, is_live, payment_method, id);`
 
-// store is the SQLite file: one writer connection, so writes queue here, and readers.
+// store is the SQLite file. It has one writer connection, so writes queue for it, and a pool of
+// reader connections.
 type store struct {
 	writer, reader *sql.DB
-	// What every request and every get run, prepared once: SQLite parses anything else each time.
+	// The statements every request and every get run, prepared once so SQLite parses them once.
 	keyBySecret, buttonByID *sql.Stmt
 	writeWait               time.Duration // how long a write may wait for its turn: 5 s
 }
 
-// openStore opens the database file at path, making it a paybuttons database if it is new (or,
-// unless create, failing when there is no file). It fails for another program's file, one this
-// process cannot write, or a schema version but 1.
+// openStore opens the database file at path, and makes it a paybuttons database if it is new. When
+// there is no file, it fails unless create is set. It also fails for another program's file, for a
+// file this process cannot write, and for any schema version other than 1.
 func openStore(path string, create bool) (*store, error) {
 	if err := checkFile(path, create); err != nil {
 		return nil, err
 	}
-	// synchronous=FULL: a write is on disk before it is answered. _txlock=immediate: a write takes
-	// the write lock at BEGIN, waiting there (busy_timeout) while another process writes. Readers
-	// are a pool of their own, so a read never waits for the writer connection.
+	// synchronous=FULL puts a write on disk before it is answered. _txlock=immediate makes a write
+	// take the write lock at BEGIN, and wait there (busy_timeout) while another process writes.
+	// Readers have a pool of their own, so a read never waits for the writer connection.
 	writer, _ := sql.Open("sqlite", sqliteURI(path,
 		"_pragma=busy_timeout(5000)&_pragma=synchronous(FULL)&_txlock=immediate"))
 	writer.SetMaxOpenConns(1)
 	reader, _ := sql.Open("sqlite", sqliteURI(path, "_pragma=busy_timeout(5000)"))
-	reader.SetMaxOpenConns(4) // each has a page cache of its own; four keep two cores busy
+	reader.SetMaxOpenConns(4) // each has its own page cache; four keep two cores busy
 	reader.SetMaxIdleConns(4)
 	s := &store{writer: writer, reader: reader, writeWait: 5 * time.Second}
 	err := s.createSchema()
@@ -177,9 +178,9 @@ func openStore(path string, create bool) (*store, error) {
 }
 
 // createSchema makes the schema in a new file, and refuses a file that is not a paybuttons
-// database of this version. It reads the file under the write lock, so that of two processes
-// opening a new file at once, one makes the schema and the other finds it. A file whose only
-// tables are Litestream's is new.
+// database of this version. It reads the file under the write lock, so when two processes open a
+// new file at once, one makes the schema and the other finds it. A file whose only tables are
+// Litestream's counts as new, as Litestream may have started on it first.
 func (s *store) createSchema() error {
 	tx, err := s.writer.Begin()
 	if err != nil {
@@ -203,7 +204,7 @@ func (s *store) createSchema() error {
 	} else if version != 1 {
 		return fmt.Errorf("schema version %d; this paybuttons knows only 1", version)
 	}
-	// Written even when they are set already: a file this process cannot write fails here.
+	// These are written even when already set, so a file this process cannot write fails here.
 	_, err = tx.Exec(fmt.Sprintf("PRAGMA application_id = %d; PRAGMA user_version = 1",
 		applicationID))
 	if err != nil {
@@ -212,9 +213,9 @@ func (s *store) createSchema() error {
 	if err := tx.Commit(); err != nil {
 		return err
 	}
-	// WAL, so that reads never wait for a write; the file keeps the mode. While another process
-	// switches it too, the switch fails with BUSY at once (busy_timeout does not apply to it), so
-	// it is tried again for up to 5 s.
+	// WAL mode lets reads go on during a write, and the file keeps it. While another process is
+	// switching the file too, the switch fails with BUSY at once (busy_timeout does not apply), so
+	// it is retried for up to 5 s.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		_, err = s.writer.Exec("PRAGMA journal_mode = WAL")
@@ -225,8 +226,8 @@ func (s *store) createSchema() error {
 	}
 }
 
-// openToRead opens the paybuttons database at path read-only, for a command that only reads it:
-// it works beside a server and on a file this process may not write.
+// openToRead opens the paybuttons database at path read-only, for a command that only reads it.
+// It works while a server runs, and on a file this process may not write.
 func openToRead(path string) (*sql.DB, error) {
 	if err := checkFile(path, false); err != nil {
 		return nil, err
@@ -244,9 +245,9 @@ func openToRead(path string) (*sql.DB, error) {
 	return db, nil
 }
 
-// checkFile refuses a path whose directory does not exist; a missing file, unless it may be
-// created; and a file with more than one hard link, as SQLite would keep a WAL for each name, and
-// two WALs of one file corrupt it. (A symlink is fine: SQLite follows it to the file.)
+// checkFile refuses a path whose directory does not exist, and a missing file unless create is set.
+// It also refuses a file with more than one hard link: SQLite would keep a WAL for each name, and
+// two WALs of one file corrupt it. A symlink is fine, as SQLite follows it to the file.
 func checkFile(path string, create bool) error {
 	info, err := os.Stat(path)
 	if _, dirErr := os.Stat(filepath.Dir(path)); dirErr != nil {
@@ -270,11 +271,12 @@ func linkCount(info os.FileInfo) uint64 {
 	return 1
 }
 
-// close closes every connection, and the statements prepared on them. The last to close copies the
-// WAL into the database file, unless another process, such as Litestream, has the file open.
+// close closes every connection and the statements prepared on them. The last connection to close
+// copies the WAL into the database file, unless another process (Litestream, say) has it open.
 func (s *store) close() error { return errors.Join(s.reader.Close(), s.writer.Close()) }
 
-// sqliteURI names the file at path for the driver; a '?' or '#' in path is part of the name.
+// sqliteURI names the file at path for the driver, escaped so that '?', '#' and '%' stay part of
+// the name.
 func sqliteURI(path, params string) string {
 	escape := strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23")
 	return "file:" + escape.Replace(path) + "?" + params
@@ -288,12 +290,13 @@ func sqliteCode(err error) int {
 	return 0
 }
 
-// now is the clock of every stored time: RFC 3339 UTC with milliseconds, text that sorts as time.
+// now is the time every stored timestamp uses: RFC 3339 in UTC, with milliseconds, so the text
+// sorts in time order.
 func now() string { return time.Now().UTC().Format("2006-01-02T15:04:05.000Z") }
 
 // --- keys ---
 
-// createKey mints a key for account and returns its secret, shown once, and its id.
+// createKey makes a key for account and returns its secret (shown only this once) and its id.
 func (s *store) createKey(ctx context.Context, account string, readOnly bool) (secret, id string,
 	err error) {
 	raw := make([]byte, 32)
@@ -339,8 +342,8 @@ func (s *store) revokeKey(ctx context.Context, id string) error {
 }
 
 // authenticate returns the live key with this secret, or errUnknownKey. It is the one place that
-// decides whether a key is live, and it asks the database every time: a key revoked by another
-// process stops at its next request.
+// decides whether a key is live. It asks the database every time, so a key that another process
+// revokes stops working at its next request.
 func (s *store) authenticate(ctx context.Context, secret string) (apiKey, error) {
 	hash := sha256.Sum256([]byte(secret))
 	var k apiKey
@@ -376,7 +379,7 @@ func (s *store) list(ctx context.Context, account string, q listQuery) (page []j
 	defer rows.Close()
 	page = []json.RawMessage{}
 	for rows.Next() {
-		if len(page) == q.Limit { // the one more the query asks for: more follow
+		if len(page) == q.Limit { // the query asks for one row more than the page: more follow
 			return page, next, nil
 		}
 		var text []byte
@@ -388,8 +391,9 @@ func (s *store) list(ctx context.Context, account string, q listQuery) (page []j
 	return page, "", rows.Err()
 }
 
-// sql is the query of a page of account's buttons, and its arguments. As ids never change, "id <
-// after" never skips or repeats a button; the schema has an index for each set of filters.
+// sql returns the query for a page of account's buttons, and its arguments. Ids never change, so
+// paging by "id < after" never skips or repeats a button. The schema has an index for each set of
+// filters.
 func (q listQuery) sql(account string) (string, []any) {
 	query, args := `SELECT id, button FROM buttons WHERE account = ?`, []any{account}
 	if q.After != "" {
@@ -414,9 +418,10 @@ func (s *store) create(ctx context.Context, account string, b button) (button, e
 	return b, s.write(ctx, func(tx *sql.Tx) error { return save(tx, account, b) })
 }
 
-// change lets edit change account's button id, in one write. It refuses, in this order: no such
-// button; an ifMatch (0 for any) other than its version; what edit refuses. It returns the button
-// as it leaves it, and whether it changed: when edit changes nothing, nothing is written.
+// change runs edit on account's button id, in one write. It refuses, in this order: a button that
+// does not exist; an ifMatch other than the button's version (0 matches any); whatever edit
+// refuses. It returns the button as it leaves it, and whether it changed. When edit changes
+// nothing, nothing is written.
 func (s *store) change(ctx context.Context, account, id string, ifMatch int64,
 	edit func(*button) error) (b button, changed bool, err error) {
 	err = s.write(ctx, func(tx *sql.Tx) error {
@@ -428,7 +433,9 @@ func (s *store) change(ctx context.Context, account, id string, ifMatch int64,
 		} else if err != nil {
 			return err
 		}
-		json.Unmarshal(text, &b) // written by save
+		if err := json.Unmarshal(text, &b); err != nil {
+			return err
+		}
 		if ifMatch != 0 && ifMatch != b.Version {
 			return errPrecondition
 		}
@@ -457,11 +464,11 @@ func save(tx *sql.Tx, account string, b button) error {
 	return err
 }
 
-// write runs fn in a transaction of its own and commits it, all within writeWait. A write waits
-// there for its turn: first for the one writer connection, which this server's other writes hold;
-// then at BEGIN for another process's write (busy_timeout, a wait the driver ends with ctx). Past
-// writeWait, or on a full disk, it returns a 503 *apiError and nothing of fn is stored; so no write
-// commits after its client has stopped waiting for the answer.
+// write runs fn in its own transaction and commits it, all within writeWait. In that time the
+// write waits for its turn twice: first for the one writer connection, which this server's other
+// writes may hold; then, at BEGIN, for another process's write (busy_timeout, a wait the driver
+// ends when ctx does). If the time runs out or the disk is full, write returns a 503 *apiError and
+// nothing fn wrote is stored. So no write commits after its client has stopped waiting.
 func (s *store) write(ctx context.Context, fn func(*sql.Tx) error) error {
 	ctx, cancel := context.WithTimeout(ctx, s.writeWait)
 	defer cancel()
@@ -493,9 +500,9 @@ func (s *store) ping(ctx context.Context) error {
 
 var crockford = base32.NewEncoding("0123456789ABCDEFGHJKMNPQRSTVWXYZ").WithPadding(base32.NoPadding)
 
-// newButtonID returns "btn_" and 26 Crockford base32 digits of 128 bits: 48 of Unix milliseconds,
-// then 80 from crypto/rand. Ids sort by the millisecond they were made in, and none can be derived
-// from another.
+// newButtonID returns "btn_" and 26 Crockford base32 digits of 128 bits: 48 bits of Unix
+// milliseconds, then 80 from crypto/rand. Ids sort by the millisecond they were made in, and none
+// can be worked out from another.
 func newButtonID() string {
 	var raw [16]byte
 	binary.BigEndian.PutUint64(raw[:8], uint64(time.Now().UnixMilli())<<16) // bytes 0 to 5

@@ -19,36 +19,38 @@ import (
 const (
 	feeField       = "ApplicationFeePercentage"
 	maxBody        = 64 << 10
-	maxAmountMinor = 1_000_000_000_000_000 // 10^15 minor units: every amount fits an int64
+	maxAmountMinor = 1_000_000_000_000_000 // 10^15 minor units, so every amount fits in an int64
 )
 
 var (
-	// fixedFields are chosen at create. An update that names them is refused, not ignored, so that
-	// a client never believes it changed them.
+	// fixedFields are set only when a button is created. An update that names one is refused, not
+	// ignored, so that a client never believes it changed them.
 	fixedFields  = []string{"paymentMethod", "paymentType", "isLive", "billingInterval"}
 	updateFields = []string{"productName", "description", "amount", "currency", feeField,
 		"metadata"}
 	createFields = append(slices.Clone(updateFields), fixedFields...)
 )
 
-// fields is a decoded body or query string: each known name given once with its value (nil for
-// null; a body's numbers as json.Number, their text), and every problem found, name -> why.
+// fields holds a decoded body or query string. values maps each known name, given once, to its
+// value. A JSON null is nil, and a number in a body is a json.Number, which keeps its text.
+// problems maps the name of each field found wrong to the reason why.
 type fields struct {
 	values   map[string]any
 	problems map[string]string
 }
 
-// fail records why name is wrong, unless a problem with it is recorded already.
+// fail records why name is wrong, unless a problem with name was already recorded.
 func (f *fields) fail(name, why string) {
 	if _, failed := f.problems[name]; !failed {
 		f.problems[name] = why
 	}
 }
 
-func (f *fields) has(name string) bool { return f.values[name] != nil } // null is absent
+func (f *fields) has(name string) bool { return f.values[name] != nil } // a null counts as absent
 
-// invalid is the 400 for problems, nil for none. It names at most 20, each in at most 40
-// characters, and says how many more there were: no answer grows with the request.
+// invalid returns the 400 error that reports problems, or nil when there are none. It names at
+// most 20 fields, each cut to at most 40 characters, and says how many more there were. This way
+// the size of the answer never grows with the size of the request.
 func invalid(problems map[string]string) error {
 	if len(problems) == 0 {
 		return nil
@@ -76,10 +78,10 @@ func invalid(problems map[string]string) error {
 const (
 	digits    = "0123456789"
 	letters   = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-	nameChars = letters + digits + "._-" // of metadata keys, account names and request ids
+	nameChars = letters + digits + "._-" // allowed in metadata keys, account names and request ids
 )
 
-// orNil is s, or nil for "": an absent value.
+// orNil returns a pointer to s, or nil when s is "", which means the value is absent.
 func orNil(s string) *string {
 	if s == "" {
 		return nil
@@ -92,12 +94,12 @@ func onlyOf(s, allowed string) bool {
 	return !strings.ContainsFunc(s, func(r rune) bool { return !strings.ContainsRune(allowed, r) })
 }
 
-// decimal is a plain decimal number split at its dot, without the leading zeros of its whole part
-// or the trailing zeros of its fraction: "007.50" is {"7", "5"}.
+// decimal is a plain decimal number split at its dot. The whole part has no leading zeros and the
+// fraction has no trailing zeros, so "007.50" is {"7", "5"}.
 type decimal struct{ whole, frac string }
 
-// parseDecimal reads digits, optionally a dot and more digits; nothing else (no sign, exponent or
-// space).
+// parseDecimal accepts digits, optionally followed by a dot and more digits. It accepts nothing
+// else: no sign, no exponent and no spaces.
 func parseDecimal(s string) (decimal, bool) {
 	whole, frac, dot := strings.Cut(s, ".")
 	ok := whole != "" && onlyOf(whole, digits) && (!dot || frac != "" && onlyOf(frac, digits))
@@ -106,9 +108,9 @@ func parseDecimal(s string) (decimal, bool) {
 
 func (d decimal) isZero() bool { return d.whole == "" && d.frac == "" }
 
-// scaled returns d * 10^exp, for d with at most exp decimal places; false when it is above limit.
-// Its digits are d's padded with zeros to exp places ("19.9" at exp 2 is 1990; the leading "0"
-// reads "0.0" as 0); a digit string too long for an int64 is a range error, never an overflow.
+// scaled returns d * 10^exp, where d has at most exp decimal places, and false when that is above
+// limit. It pads d's digits with zeros to exp places, so "19.9" at exp 2 is 1990. The leading "0"
+// makes "0.0" read as 0. A digit string too long for an int64 is a range error, never an overflow.
 func (d decimal) scaled(exp int, limit int64) (int64, bool) {
 	text := "0" + d.whole + d.frac + strings.Repeat("0", exp-len(d.frac))
 	n, err := strconv.ParseInt(text, 10, 64)
@@ -126,8 +128,8 @@ func formatScaled(n int64, exp int) string {
 
 // --- bodies and query strings ---
 
-// readBody returns the request body once it has checked the media type (none is read as JSON) and
-// the 64 KiB cap.
+// readBody returns the request body after checking its media type and the 64 KiB size cap. A
+// request without a Content-Type is read as JSON.
 func readBody(r *http.Request) ([]byte, error) {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mediaType, _, err := mime.ParseMediaType(ct)
@@ -144,9 +146,10 @@ func readBody(r *http.Request) ([]byte, error) {
 	return body, nil
 }
 
-// readObject reads body in two passes. The first lets encoding/json check that it is one JSON
-// object with nothing after it; the second walks its names one by one, as they were written, which
-// encoding/json alone would not: it folds case and keeps the last of a repeated name.
+// readObject reads body in two passes. In the first, encoding/json checks that body is one JSON
+// object with nothing after it. The second walks the object's names one by one, exactly as they
+// were written. encoding/json alone would not do that, because it folds case and keeps only the
+// last of a repeated name.
 func readObject(body []byte, known []string) (*fields, error) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	var object json.RawMessage
@@ -157,8 +160,8 @@ func readObject(body []byte, known []string) (*fields, error) {
 	}
 	f := &fields{values: map[string]any{}, problems: map[string]string{}}
 	dec = json.NewDecoder(bytes.NewReader(object))
-	dec.UseNumber() // numbers keep their text: an amount never passes through a float
-	dec.Token()     // the object is valid: from here on nothing fails
+	dec.UseNumber() // numbers keep their text, so an amount is never converted to a float
+	dec.Token()     // the object is known to be valid, so nothing below can fail
 	for dec.More() {
 		name, _ := dec.Token()
 		var value any
@@ -183,8 +186,8 @@ func readQuery(raw string, known ...string) *fields {
 	return f
 }
 
-// add gives name its value, unless it is unknown (suggesting the name it matches but for case) or
-// given already.
+// add records value for name, unless name is unknown or was already given. When an unknown name
+// matches a known one except for case, the problem suggests the known name.
 func (f *fields) add(name string, value any, known []string) {
 	_, repeated := f.values[name]
 	i := slices.IndexFunc(known, func(k string) bool { return strings.EqualFold(k, name) })
@@ -200,7 +203,7 @@ func (f *fields) add(name string, value any, known []string) {
 	}
 }
 
-// str returns name's string, and whether it is one; a value of another type is a problem.
+// str returns name's value and whether it is a string. A value of another type is a problem.
 func (f *fields) str(name string) (string, bool) {
 	s, ok := f.values[name].(string)
 	if !ok && f.has(name) {
@@ -209,8 +212,8 @@ func (f *fields) str(name string) (string, bool) {
 	return s, ok
 }
 
-// oneOf returns name's string when it is exactly one of allowed, else ""; a wrong case gets a
-// "did you mean".
+// oneOf returns name's string when it is exactly one of allowed, and "" otherwise. When the
+// string differs from an allowed value only in case, the problem gives the exact spelling.
 func (f *fields) oneOf(name string, allowed ...string) string {
 	s, ok := f.str(name)
 	if !ok || slices.Contains(allowed, s) {
@@ -227,8 +230,9 @@ func (f *fields) oneOf(name string, allowed ...string) string {
 
 // --- create and update ---
 
-// decodeCreate reads a create body into a new button, or refuses it with invalid_request naming
-// every field that breaks a rule. providerName is the paymentMethod of the service's own processor.
+// decodeCreate reads a create body into a new button, or refuses it with an invalid_request error
+// that names every field that breaks a rule. providerName is the paymentMethod of the service's own
+// processor.
 func decodeCreate(body []byte, providerName string) (button, error) {
 	f, err := readObject(body, createFields)
 	if err != nil {
@@ -250,13 +254,15 @@ func decodeCreate(body []byte, providerName string) (button, error) {
 	if b.PaymentMethod == "StripeConnect" && !f.has(feeField) {
 		f.fail(feeField, "is required when paymentMethod is StripeConnect")
 	}
-	// The fields an update may change too, by the same rules; the fee's reads b.PaymentMethod.
+	// Check the fields that an update can also change, by the same rules. The fee rule reads
+	// b.PaymentMethod, which is set above.
 	err = f.apply(&b)
 	return b, err
 }
 
-// billingInterval returns the interval a subscription is billed at, and nil for a one_time price.
-// Its case is ASCII's only: strings.ToLower maps the Kelvin sign to "k".
+// billingInterval returns the interval a subscription is billed at, or nil for a one_time price.
+// Case is ignored for ASCII letters only, and any other letter is refused, because
+// strings.ToLower maps the Kelvin sign to "k".
 func (f *fields) billingInterval(paymentType string) *string {
 	s, _ := f.str("billingInterval")
 	interval := billingIntervals[strings.ToLower(s)]
@@ -270,7 +276,7 @@ func (f *fields) billingInterval(paymentType string) *string {
 	return orNil(interval)
 }
 
-// isLive must be a JSON boolean: "true" is a string.
+// isLive returns the isLive field. It must be a JSON boolean, so the string "true" is refused.
 func (f *fields) isLive() bool {
 	isLive, isBool := f.values["isLive"].(bool)
 	if !isBool && f.has("isLive") {
@@ -284,8 +290,8 @@ var billingIntervals = map[string]string{"day": "day", "week": "week", "month": 
 	"year": "year", "daily": "day", "weekly": "week", "monthly": "month", "yearly": "year",
 	"annually": "year"}
 
-// decodeUpdate reads an update body, refusing its form; apply then checks its values against the
-// button they change.
+// decodeUpdate reads an update body and refuses it if its form is wrong. apply then checks its
+// values against the button they change.
 func decodeUpdate(body []byte) (*fields, error) {
 	f, err := readObject(body, createFields)
 	if err != nil {
@@ -296,7 +302,7 @@ func decodeUpdate(body []byte) (*fields, error) {
 			f.fail(name, "cannot be changed by update")
 		}
 	}
-	_, clears := f.values["description"] // null clears it: the one field where null is not absent
+	_, clears := f.values["description"] // unlike any other field, null here clears it
 	if !clears && !slices.ContainsFunc(updateFields, f.has) && len(f.problems) == 0 {
 		f.fail("body", "has no field to update")
 	}
@@ -304,10 +310,10 @@ func decodeUpdate(body []byte) (*fields, error) {
 }
 
 // apply sets in b the fields that create and update share, or refuses the body with every problem
-// found in it: the amount must fit the currency the button will have, and a new currency needs a
-// new amount; the fee is for a StripeConnect button only; metadata merges key by key. b is left as
-// it was when apply fails. A currency or paymentMethod that is refused is "": the amount or fee
-// that depends on it is then checked only for its own form, so each mistake is named once.
+// found in it. The amount must fit the currency the button will have, and a new currency needs a
+// new amount. The fee is allowed on a StripeConnect button only. Metadata is merged key by key.
+// When apply fails, b is left as it was. A refused currency or paymentMethod is "". The amount or
+// fee that depends on it is then checked only for its own form, so each mistake is named once.
 func (f *fields) apply(b *button) error {
 	next := *b
 	if f.has("productName") {
@@ -335,10 +341,11 @@ func (f *fields) apply(b *button) error {
 	return nil
 }
 
-// --- field rules: each returns the value to store, or "" when it is absent or refused ---
+// --- field rules (each returns the value to store, or "" if the field is absent or refused) ---
 
-// productName is trimmed; it must show a letter, digit, punctuation mark or symbol, and carry no
-// bidirectional control, which could make a checkout page show another name.
+// productName returns the product name with surrounding space trimmed. It must contain a letter,
+// digit, punctuation mark or symbol. It must not contain a bidirectional control, which could make
+// a checkout page show a different name.
 func (f *fields) productName() string {
 	s, ok := f.str("productName")
 	if !ok {
@@ -363,7 +370,7 @@ func (f *fields) description() string {
 	}, "control characters other than tab and line breaks")
 }
 
-// text returns s, the value of name, when it has at most max characters, none of them bad.
+// text returns s, the value of name, when s has at most max characters and none of them is bad.
 func (f *fields) text(name, s string, max int, bad func(rune) bool, badWhy string) string {
 	if n := utf8.RuneCountInString(s); n > max {
 		f.fail(name, fmt.Sprintf("must be at most %d characters (it has %d)", max, n))
@@ -384,7 +391,7 @@ func (f *fields) currency() string {
 		f.fail("currency", `must be a three-letter ISO 4217 code such as "USD"`)
 		return ""
 	}
-	code := strings.ToUpper(s) // s is ASCII: strings.ToUpper would map "ſ" to "S"
+	code := strings.ToUpper(s) // s is only ASCII letters, so no "ſ" can become "S"
 	if _, active := currencyExponents[code]; !active {
 		f.fail("currency", "is not an active ISO 4217 currency (no fund, metal or test codes)")
 		return ""
@@ -392,8 +399,8 @@ func (f *fields) currency() string {
 	return code
 }
 
-// amount returns the amount with currency's decimal places ("19.90" USD, "500" JPY). With currency
-// "" (absent or refused) it checks only the amount's own form.
+// amount returns the amount with as many decimal places as currency has: "19.90" USD, "500" JPY.
+// When currency is "" (absent or refused), it checks only the amount's own form.
 func (f *fields) amount(currency string) string {
 	d, ok := f.decimal("amount")
 	if !ok {
@@ -419,8 +426,9 @@ func (f *fields) amount(currency string) string {
 	return formatScaled(n, exp)
 }
 
-// fee returns ApplicationFeePercentage with two decimal places ("2.50"): 0.01 to 100 with at most 2
-// decimal places, on a StripeConnect button only (method "": refused already, for its own reason).
+// fee returns ApplicationFeePercentage with two decimal places, such as "2.50". The fee must be
+// 0.01 to 100, with at most 2 decimal places, and only a StripeConnect button may have one. A
+// method of "" was already refused for its own reason, so the fee is not refused because of it.
 func (f *fields) fee(method string) string {
 	d, ok := f.decimal(feeField)
 	if !ok {
@@ -441,8 +449,8 @@ func (f *fields) fee(method string) string {
 	return formatScaled(basisPoints, 2)
 }
 
-// decimal returns name's plain decimal, a JSON string or a JSON number read from its text, and
-// whether it is one: false when it is absent, or refused.
+// decimal returns name's value as a plain decimal, read from a JSON string or a JSON number's
+// text. The bool is false when the value is absent or refused.
 func (f *fields) decimal(name string) (decimal, bool) {
 	text, isText := f.values[name].(string)
 	if number, ok := f.values[name].(json.Number); ok {
@@ -457,8 +465,8 @@ func (f *fields) decimal(name string) (decimal, bool) {
 	return d, ok
 }
 
-// metadata returns stored with the body's metadata merged in: a string sets its key, null or ""
-// removes it.
+// metadata returns stored with the body's metadata merged in. A string value sets its key, and
+// null or "" removes the key.
 func (f *fields) metadata(stored map[string]string) map[string]string {
 	merged := maps.Clone(stored)
 	if merged == nil {
@@ -489,8 +497,8 @@ func (f *fields) metadata(stored map[string]string) map[string]string {
 
 // --- the list query and If-Match ---
 
-// decodeListQuery reads list's query string: limit (1 to 100, 20 by default), after, and the
-// filters.
+// decodeListQuery reads the query string of a list request. It accepts limit (1 to 100, 20 by
+// default), after, and the filters.
 func decodeListQuery(raw, providerName string) (listQuery, error) {
 	f := readQuery(raw, "limit", "after", "state", "isLive", "paymentMethod")
 	q := listQuery{Limit: 20, State: "active"}
@@ -516,8 +524,8 @@ func decodeListQuery(raw, providerName string) (listQuery, error) {
 	return q, invalid(f.problems)
 }
 
-// parseIfMatch reads If-Match: a version in quotes, as an ETag sends it. It returns 0, any version,
-// for none or "*".
+// parseIfMatch reads the If-Match header, which holds a version in quotes, as the ETag gives it.
+// For no header or "*", it returns 0, which matches any version.
 func parseIfMatch(header string) (int64, error) {
 	if header == "" || header == "*" {
 		return 0, nil
@@ -532,9 +540,9 @@ func parseIfMatch(header string) (int64, error) {
 	return version, nil
 }
 
-// currencyExponents holds every active ISO 4217 currency (amendments through late 2026) with its
-// decimal places. Fund, precious metal, testing and withdrawn codes are left out: no button can
-// charge them.
+// currencyExponents maps every active ISO 4217 currency (amendments through late 2026) to its
+// number of decimal places. Fund, precious metal, testing and withdrawn codes are left out, because
+// no button can charge them.
 var currencyExponents = func() map[string]int {
 	exponents := map[string]int{}
 	for exp, codes := range []string{
