@@ -88,8 +88,9 @@ func TestRefusals(t *testing.T) {
 			r.wantFields(t, "Idempotency-Key")
 		}
 	}
-	after := e.stored("acme", id)
+	after, restored := e.stored("acme", id), e.stored("acme", deleted)
 	expect(t, reflect.DeepEqual(after, before), "got %s, want acme's button unchanged", jsonOf(after))
+	expect(t, restored.State == "active" && restored.DeletedAt == nil, "restored: got %s", jsonOf(restored))
 	// A 400 names at most 20 problems, each name cut to 40 characters, and says how many more there were.
 	many := m{"a" + strings.Repeat("é", 40): 1, "b" + strings.Repeat("x", 39): 1, "applicationFeePercentage": "1"}
 	for i := range 23 {
@@ -167,7 +168,8 @@ func TestList(t *testing.T) {
 	for query, field := range map[string]string{"limit=0": "limit", "limit=101": "limit",
 		"limit=%2B5": "limit", "limit=1&limit=2": "limit", "after=btn_x": "after", "after=btn_00": "after",
 		"state=gone": "state", "isLive=1": "isLive", "paymentMethod=stripe": "paymentMethod", "%zz": "query",
-		"since=0": "since"} {
+		"since=0": "since", "after=" + strings.Repeat("0", 26): "after", // no btn_
+		"after=btn_" + strings.Repeat("0", 25) + "1": "after"} { // decodes, but is not what encoding gives
 		e.do("GET", "/product-payment/list?"+query, e.key, "").wantFields(t, field)
 	}
 	existing := map[string]int{}
