@@ -239,7 +239,7 @@ var statusOf = map[string]int{
 
 // send writes every answer: rep in the envelope, or err's code and message. An error that is not
 // an *apiError is a fault: a 500 whose cause is logged, never sent. A client that hung up is not a
-// fault; its answer is logged with status 499, as nginx does.
+// fault; its answer is logged (and sent, to no one) with status 499, as nginx does.
 func (s *server) send(w http.ResponseWriter, r *http.Request, rep reply, err error) {
 	var e *apiError
 	if err != nil && !errors.As(err, &e) {

@@ -310,7 +310,7 @@ func keysRevoke(ctx context.Context, fs *flag.FlagSet, db *string, args []string
 	return errors.Join(st.revokeKey(ctx, fs.Arg(0)), st.close())
 }
 
-// backup copies the database to DEST, and never overwrites a file already there. It writes a
+// backup copies the database to DEST, and refuses a DEST that exists when it starts. It writes a
 // temporary file first, so that a backup killed halfway leaves nothing at DEST.
 func backup(fs *flag.FlagSet, db *string, args []string, stdout io.Writer) error {
 	if err := parseFlags(fs, args, 1); err != nil {
