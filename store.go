@@ -71,7 +71,7 @@ type button struct {
 	PaymentMethod   string            `json:"paymentMethod"`
 	PaymentType     string            `json:"paymentType"` // one_time or subscription
 	IsLive          bool              `json:"isLive"`
-	Fee             *string           `json:"ApplicationFeePercentage"` // the contract's name; "2.50"
+	Fee             *string           `json:"ApplicationFeePercentage"` // the contract's: "2.50"
 	Metadata        map[string]string `json:"metadata"`
 	State           string            `json:"state"`   // active or deleted
 	Version         int64             `json:"version"` // 1 at create, one more with every change
@@ -320,7 +320,8 @@ func listKeys(ctx context.Context, db *sql.DB) ([]apiKey, error) {
 	var keys []apiKey
 	for rows.Next() {
 		var k apiKey
-		if err := rows.Scan(&k.ID, &k.Account, &k.ReadOnly, &k.CreatedAt, &k.RevokedAt); err != nil {
+		err := rows.Scan(&k.ID, &k.Account, &k.ReadOnly, &k.CreatedAt, &k.RevokedAt)
+		if err != nil {
 			return nil, err
 		}
 		keys = append(keys, k)
