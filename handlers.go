@@ -1,10 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	_ "embed"
-	"encoding/json"
 	"errors"
 	"log/slog"
 	mathrand "math/rand/v2"
@@ -16,17 +14,15 @@ import (
 	"time"
 )
 
-// openAPIDocument describes the API, with the default -provider-name.
+// openAPIDocument describes the API.
 //
 //go:embed openapi.json
 var openAPIDocument []byte
 
 // server is the HTTP API. It holds no package-level state.
 type server struct {
-	store        *store
-	log          *slog.Logger
-	providerName string // the paymentMethod of the service's own processor
-	document     []byte // openAPIDocument, naming providerName
+	store *store
+	log   *slog.Logger
 }
 
 // reply is a handler's answer when it succeeds: the envelope's data and message, and the button's
@@ -39,12 +35,8 @@ type reply struct {
 
 // newServer returns the whole API. Every answer except the OpenAPI document is the JSON envelope,
 // including the 404 and 405 the mux would otherwise write itself.
-func newServer(st *store, log *slog.Logger, providerName string) http.Handler {
-	// The document has the default name once, as the JSON string "the service": the first value
-	// of paymentMethod.
-	name, _ := json.Marshal(providerName)
-	s := &server{store: st, log: log, providerName: providerName,
-		document: bytes.ReplaceAll(openAPIDocument, []byte(`"the service"`), name)}
+func newServer(st *store, log *slog.Logger) http.Handler {
+	s := &server{store: st, log: log}
 	mux := http.NewServeMux()
 	// route serves method on path, and answers any other method with a 405 in the envelope (the
 	// mux's own 405 is plain text). The mux prefers a pattern with a method to the bare path, so
@@ -66,7 +58,7 @@ func newServer(st *store, log *slog.Logger, providerName string) http.Handler {
 	route("POST", "/product-payment/restore/{id}", s.withKey(true, s.handleRestore))
 	route("GET", "/healthz", s.handleHealth)
 	route("GET", "/openapi.json", func(w http.ResponseWriter, _ *http.Request) {
-		w.Write(s.document)
+		w.Write(openAPIDocument)
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.send(w, r, reply{}, errNoPath)
@@ -83,7 +75,7 @@ func (s *server) handleCreate(r *http.Request, key apiKey) (reply, error) {
 	if err != nil {
 		return reply{}, err
 	}
-	b, err := decodeCreate(body, s.providerName)
+	b, err := decodeCreate(body)
 	if err != nil {
 		return reply{}, err
 	}
@@ -97,7 +89,7 @@ func (s *server) handleGet(r *http.Request, key apiKey) (reply, error) {
 }
 
 func (s *server) handleList(r *http.Request, key apiKey) (reply, error) {
-	q, err := decodeListQuery(r.URL.RawQuery, s.providerName)
+	q, err := decodeListQuery(r.URL.RawQuery)
 	if err != nil {
 		return reply{}, err
 	}
@@ -247,11 +239,10 @@ func (s *server) send(w http.ResponseWriter, r *http.Request, rep reply, err err
 	}
 	status, body := 200, []byte(nil)
 	if e == nil {
-		body, _ = json.Marshal(envelope{IsSuccess: true, Data: rep.data, Message: rep.message})
+		body = marshal(envelope{IsSuccess: true, Data: rep.data, Message: rep.message})
 	} else {
 		status = statusOf[e.code]
-		body, _ = json.Marshal(envelope{Data: "", Message: e.message, Code: e.code,
-			Errors: e.fields})
+		body = marshal(envelope{Data: "", Message: e.message, Code: e.code, Errors: e.fields})
 	}
 	if rep.version > 0 && e == nil {
 		w.Header().Set("ETag", `"`+strconv.FormatInt(rep.version, 10)+`"`)

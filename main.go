@@ -9,7 +9,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"crypto/tls"
 	"database/sql"
 	"errors"
 	"flag"
@@ -21,6 +20,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -48,12 +49,11 @@ func exitStatus(err error) int {
 }
 
 const usage = `usage:
-  paybuttons [serve] [-addr localhost:8080] [-provider-name NAME] [-log-format text|json]
-                     [-tls-cert FILE -tls-key FILE]
+  paybuttons [serve] [-addr localhost:8080] [-log-format text|json]
   paybuttons keys create -account NAME [-read-only]
   paybuttons keys list | keys revoke KEY_ID | backup DEST_FILE | check
-Each takes -db (paybuttons.db). serve's flags and -db can also be set as PAYBUTTONS_<FLAG>
-(PAYBUTTONS_DB, PAYBUTTONS_PROVIDER_NAME, ...); a flag beats its variable.`
+Each takes -db (paybuttons.db). serve's flags and -db can also be set as PAYBUTTONS_ADDR,
+PAYBUTTONS_LOG_FORMAT and PAYBUTTONS_DB; a flag beats its variable.`
 
 // run is the whole program. args[0] is the program's name, and getenv reads the environment. It
 // returns the error that main exits with. A mistake in the command line is a *usageError.
@@ -111,10 +111,6 @@ func parseFlags(fs *flag.FlagSet, args []string, want int) error {
 func serve(ctx context.Context, fs *flag.FlagSet, db *string, args []string,
 	env func(name, def string) string, stderr io.Writer) error {
 	addr := fs.String("addr", env("ADDR", "localhost:8080"), "address to listen on")
-	providerName := fs.String("provider-name", env("PROVIDER_NAME", "the service"),
-		"paymentMethod of the own processor")
-	certFile := fs.String("tls-cert", env("TLS_CERT", ""), "TLS certificate file (PEM)")
-	keyFile := fs.String("tls-key", env("TLS_KEY", ""), "TLS private key file (PEM)")
 	logFormat := fs.String("log-format", env("LOG_FORMAT", "text"), "text or json")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
@@ -123,41 +119,17 @@ func serve(ctx context.Context, fs *flag.FlagSet, db *string, args []string,
 	if addrErr == nil {
 		_, addrErr = net.LookupPort("tcp", port)
 	}
-	switch {
-	case addrErr != nil:
+	if addrErr != nil {
 		return &usageError{fmt.Sprintf("-addr %q must be host:port, a port from 0 to 65535", *addr)}
-	case (*certFile == "") != (*keyFile == ""):
-		return &usageError{"-tls-cert and -tls-key go together"}
-	case strings.TrimSpace(*providerName) == "" || *providerName == "Stripe" ||
-		*providerName == "StripeConnect":
-		return &usageError{"-provider-name must be a name of its own: not Stripe or StripeConnect"}
-	case *logFormat != "text" && *logFormat != "json":
+	} else if *logFormat != "text" && *logFormat != "json" {
 		return &usageError{"-log-format must be text or json"}
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	if *logFormat == "json" {
 		log = slog.New(slog.NewJSONHandler(stderr, nil))
 	}
-	srv := &http.Server{
-		ReadHeaderTimeout:            5 * time.Second,
-		ReadTimeout:                  10 * time.Second,
-		WriteTimeout:                 15 * time.Second,
-		IdleTimeout:                  60 * time.Second,
-		MaxHeaderBytes:               12 << 10, // net/http adds 4 KiB to this, for 16 KiB in all
-		DisableGeneralOptionsHandler: true,     // so that OPTIONS * gets the envelope too
-		ErrorLog:                     slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
-	var certificates []tls.Certificate
-	if *certFile != "" {
-		cert, err := tls.LoadX509KeyPair(*certFile, *keyFile)
-		if err != nil {
-			return fmt.Errorf("-tls-cert and -tls-key: %w", err)
-		}
-		certificates = append(certificates, cert)
-	}
 
-	// Listen on the port first, so that a start that fails there touches no file. Create the first
-	// key last, so that a start that fails creates no key.
+	// Listen on the port first, so that a start that fails there touches no file.
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return err
@@ -168,20 +140,30 @@ func serve(ctx context.Context, fs *flag.FlagSet, db *string, args []string,
 		return err
 	}
 	defer st.close()
-	if err := firstKey(ctx, st, stderr, log); err != nil {
+	keys, err := listKeys(ctx, st.reader)
+	if err != nil {
 		return err
 	}
-	scheme := "http"
-	if certificates != nil {
-		ln, scheme = tls.NewListener(ln, &tls.Config{Certificates: certificates}), "https"
+	// serve never makes a key: a secret printed by a server ends up in a log.
+	if !slices.ContainsFunc(keys, func(k apiKey) bool { return k.RevokedAt == "" }) {
+		log.Warn("no live API key: make one with `paybuttons keys create -account NAME`")
 	}
 
-	srv.Handler = newServer(st, log, *providerName)
+	srv := &http.Server{
+		Handler:                      newServer(st, log),
+		ReadHeaderTimeout:            5 * time.Second,
+		ReadTimeout:                  10 * time.Second,
+		WriteTimeout:                 15 * time.Second,
+		IdleTimeout:                  60 * time.Second,
+		MaxHeaderBytes:               12 << 10, // net/http adds 4 KiB to this, for 16 KiB in all
+		DisableGeneralOptionsHandler: true,     // so that OPTIONS * gets the envelope too
+		ErrorLog:                     slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	log.Info("listening", "url", scheme+"://"+ln.Addr().String(), "db", *db)
+	log.Info("listening", "url", "http://"+ln.Addr().String(), "db", *db)
 	select {
 	case err := <-served:
 		return err
@@ -199,40 +181,6 @@ func serve(ctx context.Context, fs *flag.FlagSet, db *string, args []string,
 	}
 	log.Info("stopped") // then the deferred close checkpoints the WAL
 	return nil
-}
-
-// firstKey creates a key for account "default" when the database has none, so that `go run .`
-// alone is enough to try the service. It prints the secret only to a terminal, because a secret
-// must never go to a log, and under systemd stderr is the journal. When stderr is not a terminal,
-// it logs how to make a key instead.
-func firstKey(ctx context.Context, st *store, stderr io.Writer, log *slog.Logger) error {
-	keys, err := listKeys(ctx, st.reader)
-	if err != nil || len(keys) > 0 {
-		return err
-	}
-	if !isTerminal(stderr) {
-		log.Warn("no API key exists: make one with `paybuttons keys create -account NAME`")
-		return nil
-	}
-	secret, id, err := st.createKey(ctx, "default", false)
-	if err == nil {
-		fmt.Fprintf(stderr, "paybuttons: no API key existed; created %s for account \"default\". "+
-			"It is shown once, here:\n%s\n", id, secret)
-	}
-	return err
-}
-
-// isTerminal reports whether w is a terminal, as far as the standard library can tell. That means
-// a character device other than the null device, since a secret written to the null device is lost.
-func isTerminal(w io.Writer) bool {
-	file, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	info, err := file.Stat()
-	null, nullErr := os.Stat(os.DevNull)
-	return err == nil && info.Mode()&os.ModeCharDevice != 0 &&
-		(nullErr != nil || !os.SameFile(info, null))
 }
 
 // keysCreate creates a key. It prints only the secret on stdout, so that $(...) captures it, and
@@ -310,32 +258,80 @@ func keysRevoke(ctx context.Context, fs *flag.FlagSet, db *string, args []string
 	return errors.Join(st.revokeKey(ctx, fs.Arg(0)), st.close())
 }
 
-// backup copies the database to DEST, and refuses a DEST that exists when it starts. It writes a
-// temporary file first, so that a backup killed halfway leaves nothing at DEST.
+// backup copies the database to dest while servers may write to it. It refuses a dest that exists,
+// or that names the database or a file SQLite keeps beside it. The copy goes to a temporary file
+// beside dest, which is synced, renamed to dest, and then its directory is synced: when backup
+// returns nil, dest is whole and on disk, even if the power fails next. A failed backup removes its
+// temporary file.
 func backup(fs *flag.FlagSet, db *string, args []string, stdout io.Writer) error {
 	if err := parseFlags(fs, args, 1); err != nil {
 		return err
 	}
-	dest := fs.Arg(0)
+	dest, dir := fs.Arg(0), filepath.Dir(fs.Arg(0))
+	if dest == "" {
+		return &usageError{"backup needs a DEST_FILE"}
+	}
+	for _, suffix := range []string{"", "-wal", "-shm", "-journal"} {
+		if resolved(dest) == resolved(*db)+suffix {
+			return &usageError{fmt.Sprintf("%q is the database or a file SQLite keeps beside it",
+				dest)}
+		}
+	}
 	if _, err := os.Lstat(dest); err == nil {
 		return fmt.Errorf("%q already exists; not overwriting it", dest)
-	} else if _, err := os.Stat(filepath.Dir(dest)); err != nil {
-		return fmt.Errorf("directory %q does not exist", filepath.Dir(dest))
+	} else if _, err := os.Stat(dir); err != nil {
+		return fmt.Errorf("directory %q does not exist", dir)
 	}
 	file, err := openToRead(*db)
 	if err != nil {
 		return err
 	}
 	defer file.Close()
-	os.Remove(dest + ".partial") // left behind by a backup that was killed
-	if _, err := file.Exec("VACUUM INTO ?", dest+".partial"); err != nil {
+	tmp, err := os.CreateTemp(dir, filepath.Base(dest)+".*.partial")
+	if err != nil {
 		return err
 	}
-	if err := os.Rename(dest+".partial", dest); err != nil {
+	defer os.Remove(tmp.Name()) // once renamed, there is no such file
+	defer tmp.Close()
+	_, err = file.Exec("VACUUM INTO ?", tmp.Name()) // into an empty file, as SQLite allows
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if err == nil {
+		err = tmp.Close()
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), dest)
+	}
+	if err == nil && runtime.GOOS != "windows" { // where a directory cannot be synced
+		err = syncDir(dir)
+	}
+	if err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "backup of %s written to %s\n", *db, dest)
 	return nil
+}
+
+// resolved is the absolute path of the file path names, with every symlink followed, as SQLite
+// follows them. The file need not exist.
+func resolved(path string) string {
+	path, _ = filepath.Abs(path)
+	if real, err := filepath.EvalSymlinks(path); err == nil {
+		return real
+	} else if dir, err := filepath.EvalSymlinks(filepath.Dir(path)); err == nil {
+		return filepath.Join(dir, filepath.Base(path))
+	}
+	return path
+}
+
+// syncDir puts the directory's entries on disk: a rename is durable only then.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	return errors.Join(d.Sync(), d.Close())
 }
 
 // check prints what SQLite's integrity check finds. That is "ok", or the damage, which makes

@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strings"
 	"time"
 
@@ -124,16 +123,9 @@ CREATE TABLE buttons (
 	button         TEXT NOT NULL, -- the button, as JSON: get sends it as it is
 	PRIMARY KEY (account, id)
 ) STRICT;
--- An index for each set of filters a list may name, each ending in id: SQLite picks the one that
--- matches, so a page reads only its own rows, newest first, however many buttons the account has
--- (TestListUsesAnIndex checks every set).
-CREATE INDEX buttons_by_state ON buttons (account, state, id);
-CREATE INDEX buttons_by_live ON buttons (account, is_live, id);
-CREATE INDEX buttons_by_method ON buttons (account, payment_method, id);
-CREATE INDEX buttons_by_state_live ON buttons (account, state, is_live, id);
-CREATE INDEX buttons_by_state_method ON buttons (account, state, payment_method, id);
-CREATE INDEX buttons_by_live_method ON buttons (account, is_live, payment_method, id);
-CREATE INDEX buttons_by_state_live_method ON buttons (account, state, is_live, payment_method, id);`
+-- A list reads the rows of one state, newest first, from this index; state=all reads the primary
+-- key. A filter on is_live or payment_method is checked on those rows.
+CREATE INDEX buttons_by_state ON buttons (account, state, id);`
 
 // store is the SQLite file. It has one writer connection, so writes queue for it, and a pool of
 // reader connections.
@@ -178,52 +170,63 @@ func openStore(path string, create bool) (*store, error) {
 }
 
 // createSchema makes the schema in a new file, and refuses a file that is not a paybuttons
-// database of this version. It reads the file under the write lock, so when two processes open a
-// new file at once, one makes the schema and the other finds it. A file whose only tables are
-// Litestream's counts as new, as Litestream may have started on it first.
+// database of this version. It refuses another program's file before it changes anything in it.
 func (s *store) createSchema() error {
+	if _, err := identify(s.writer); err != nil {
+		return err
+	}
+	// WAL mode lets reads go on during a write, and the file keeps it. While another process writes
+	// a file that is not in WAL mode yet, the switch fails with BUSY at once (busy_timeout does not
+	// apply), so it is retried for up to 5 s.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		_, err := s.writer.Exec("PRAGMA journal_mode = WAL")
+		if err == nil {
+			break
+		} else if sqliteCode(err) != sqlite3.SQLITE_BUSY || time.Now().After(deadline) {
+			return err
+		}
+	}
+	// Read the file again under the write lock: when two processes open a new file at once, one
+	// makes the schema and the other finds it.
 	tx, err := s.writer.Begin()
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback()
+	isNew, err := identify(tx)
+	if err == nil && isNew {
+		_, err = tx.Exec(schema)
+	}
+	if err == nil { // written even when already set, so a file this process cannot write fails here
+		_, err = tx.Exec(fmt.Sprintf("PRAGMA application_id = %d; PRAGMA user_version = 1",
+			applicationID))
+	}
+	if err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// identify reports whether the file is new: it has no application_id, no user_version and no
+// table but Litestream's (Litestream may start on a file first). It refuses a file that is neither
+// new nor a paybuttons database of schema version 1.
+func identify(db interface{ QueryRow(string, ...any) *sql.Row }) (isNew bool, err error) {
 	var app, version, tables int
-	err = tx.QueryRow(`SELECT (SELECT application_id FROM pragma_application_id),
+	err = db.QueryRow(`SELECT (SELECT application_id FROM pragma_application_id),
 		(SELECT user_version FROM pragma_user_version),
 		(SELECT count(*) FROM sqlite_master WHERE name NOT LIKE '\_litestream%' ESCAPE '\')`).
 		Scan(&app, &version, &tables)
-	if err != nil {
-		return err
+	switch {
+	case err != nil:
+		return false, err
+	case app == 0 && version == 0 && tables == 0:
+		return true, nil
+	case app != applicationID:
+		return false, errors.New("not a paybuttons database (another program's SQLite file)")
+	case version != 1:
+		return false, fmt.Errorf("schema version %d; this paybuttons knows only 1", version)
 	}
-	if app == 0 && tables == 0 {
-		if _, err := tx.Exec(schema); err != nil {
-			return err
-		}
-	} else if app != applicationID {
-		return errors.New("not a paybuttons database (another program's SQLite file)")
-	} else if version != 1 {
-		return fmt.Errorf("schema version %d; this paybuttons knows only 1", version)
-	}
-	// These are written even when already set, so a file this process cannot write fails here.
-	_, err = tx.Exec(fmt.Sprintf("PRAGMA application_id = %d; PRAGMA user_version = 1",
-		applicationID))
-	if err != nil {
-		return err
-	}
-	if err := tx.Commit(); err != nil {
-		return err
-	}
-	// WAL mode lets reads go on during a write, and the file keeps it. While another process is
-	// switching the file too, the switch fails with BUSY at once (busy_timeout does not apply), so
-	// it is retried for up to 5 s.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		_, err = s.writer.Exec("PRAGMA journal_mode = WAL")
-		if sqliteCode(err) != sqlite3.SQLITE_BUSY || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	return false, nil
 }
 
 // openToRead opens the paybuttons database at path read-only, for a command that only reads it.
@@ -233,10 +236,9 @@ func openToRead(path string) (*sql.DB, error) {
 		return nil, err
 	}
 	db, _ := sql.Open("sqlite", sqliteURI(path, "mode=ro&_pragma=busy_timeout(5000)"))
-	var app int
-	err := db.QueryRow("SELECT application_id FROM pragma_application_id").Scan(&app)
-	if err == nil && app != applicationID {
-		err = errors.New("not a paybuttons database")
+	isNew, err := identify(db)
+	if isNew {
+		err = errors.New("not a paybuttons database (it has no schema)")
 	}
 	if err != nil {
 		db.Close()
@@ -246,29 +248,13 @@ func openToRead(path string) (*sql.DB, error) {
 }
 
 // checkFile refuses a path whose directory does not exist, and a missing file unless create is set.
-// It also refuses a file with more than one hard link: SQLite would keep a WAL for each name, and
-// two WALs of one file corrupt it. A symlink is fine, as SQLite follows it to the file.
 func checkFile(path string, create bool) error {
-	info, err := os.Stat(path)
-	if _, dirErr := os.Stat(filepath.Dir(path)); dirErr != nil {
+	if _, err := os.Stat(filepath.Dir(path)); err != nil {
 		return fmt.Errorf("database directory %q does not exist", filepath.Dir(path))
-	} else if err != nil && !create {
+	} else if _, err := os.Stat(path); err != nil && !create {
 		return fmt.Errorf("no database at %q", path)
-	} else if err == nil && linkCount(info) > 1 {
-		return fmt.Errorf("database %q has %d hard links: give it one", path, linkCount(info))
 	}
 	return nil
-}
-
-// linkCount is how many names the file has. Every Unix counts them in syscall.Stat_t's Nlink, an
-// unsigned integer of a size that differs by system; it is read by reflection, as Windows has no
-// Stat_t and this file builds everywhere. Where there is no count, it is 1.
-func linkCount(info os.FileInfo) uint64 {
-	sys := reflect.Indirect(reflect.ValueOf(info.Sys()))
-	if sys.Kind() == reflect.Struct && sys.FieldByName("Nlink").CanUint() {
-		return sys.FieldByName("Nlink").Uint()
-	}
-	return 1
 }
 
 // close closes every connection and the statements prepared on them. The last connection to close
@@ -288,6 +274,17 @@ func sqliteCode(err error) int {
 		return e.Code() & 0xff
 	}
 	return 0
+}
+
+// marshal is v as JSON, as encoding/json writes it but with no HTML escaping, so that "<" stays
+// one byte, not six. The JSON stored and sent holds text as the client gave it; a page that puts
+// it into HTML escapes it there. Every value marshalled here can be, so there is no error.
+func marshal(v any) []byte {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	enc.Encode(v)
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 }
 
 // now is the time every stored timestamp uses: RFC 3339 in UTC, with milliseconds, so the text
@@ -369,7 +366,8 @@ func (s *store) get(ctx context.Context, account, id string) (json.RawMessage, i
 }
 
 // list returns a page of account's buttons, newest first, as their JSON, and the id of its last
-// button when more follow ("" on the last page).
+// button when more follow ("" on the last page). A page holds at most q.Limit buttons and at most
+// maxPage bytes of them, but always one, so that no answer grows without bound.
 func (s *store) list(ctx context.Context, account string, q listQuery) (page []json.RawMessage,
 	next string, err error) {
 	query, args := q.sql(account)
@@ -378,23 +376,26 @@ func (s *store) list(ctx context.Context, account string, q listQuery) (page []j
 		return nil, "", err
 	}
 	defer rows.Close()
-	page = []json.RawMessage{}
-	for rows.Next() {
-		if len(page) == q.Limit { // the query asks for one row more than the page: more follow
-			return page, next, nil
-		}
+	page, size := []json.RawMessage{}, 0
+	for rows.Next() { // the query asks for one row more than the page: when it comes, more follow
+		var id string
 		var text []byte
-		if err := rows.Scan(&next, &text); err != nil {
+		if err := rows.Scan(&id, &text); err != nil {
 			return nil, "", err
 		}
-		page = append(page, text)
+		size += len(text)
+		if len(page) == q.Limit || len(page) > 0 && size > maxPage {
+			return page, next, nil
+		}
+		page, next = append(page, text), id
 	}
 	return page, "", rows.Err()
 }
 
+const maxPage = 256 << 10 // bytes of buttons in a list page
+
 // sql returns the query for a page of account's buttons, and its arguments. Ids never change, so
-// paging by "id < after" never skips or repeats a button. The schema has an index for each set of
-// filters.
+// paging by "id < after" never skips or repeats a button.
 func (q listQuery) sql(account string) (string, []any) {
 	query, args := `SELECT id, button FROM buttons WHERE account = ?`, []any{account}
 	if q.After != "" {
@@ -440,11 +441,11 @@ func (s *store) change(ctx context.Context, account, id string, ifMatch int64,
 		if ifMatch != 0 && ifMatch != b.Version {
 			return errPrecondition
 		}
-		before, _ := json.Marshal(b)
+		before := marshal(b)
 		if err := edit(&b); err != nil {
 			return err
 		}
-		after, _ := json.Marshal(b)
+		after := marshal(b)
 		if changed = !bytes.Equal(before, after); !changed {
 			return nil
 		}
@@ -457,7 +458,7 @@ func (s *store) change(ctx context.Context, account, id string, ifMatch int64,
 
 // save writes b, new or changed, into account's buttons.
 func save(tx *sql.Tx, account string, b button) error {
-	text, _ := json.Marshal(b)
+	text := marshal(b)
 	_, err := tx.Exec(`INSERT OR REPLACE INTO buttons
 		(account, id, state, is_live, payment_method, version, button)
 		VALUES (?, ?, ?, ?, ?, ?, ?)`,

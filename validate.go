@@ -29,6 +29,9 @@ var (
 	updateFields = []string{"productName", "description", "amount", "currency", feeField,
 		"metadata"}
 	createFields = append(slices.Clone(updateFields), fixedFields...)
+
+	paymentMethods   = []string{"the service", "Stripe", "StripeConnect"} // as the seed writes them
+	billingIntervals = []string{"day", "week", "month", "year"}
 )
 
 // fields holds a decoded body or query string. values maps each known name, given once, to its
@@ -48,29 +51,17 @@ func (f *fields) fail(name, why string) {
 
 func (f *fields) has(name string) bool { return f.values[name] != nil } // a null counts as absent
 
-// invalid returns the 400 error that reports problems, or nil when there are none. It names at
-// most 20 fields, each cut to at most 40 characters, and says how many more there were. This way
-// the size of the answer never grows with the size of the request.
+// invalid returns the 400 error that names every field in problems, or nil when there are none.
 func invalid(problems map[string]string) error {
 	if len(problems) == 0 {
 		return nil
 	}
 	names := slices.Sorted(maps.Keys(problems))
-	shown, list := map[string]string{}, []string{}
-	for _, name := range names[:min(len(names), 20)] {
-		why := problems[name]
-		if runes := []rune(name); len(runes) > 40 {
-			name = string(runes[:39]) + "…"
-		}
-		shown[name], list = why, append(list, name)
-	}
-	message := fmt.Sprintf("%d fields are invalid: %s", len(names), strings.Join(list, ", "))
+	message := fmt.Sprintf("%d fields are invalid: %s", len(names), strings.Join(names, ", "))
 	if len(names) == 1 {
-		message = list[0] + " " + shown[list[0]]
-	} else if len(names) > 20 {
-		message += fmt.Sprintf(" and %d more", len(names)-20)
+		message = names[0] + " " + problems[names[0]]
 	}
-	return &apiError{code: codeInvalid, message: message, fields: shown}
+	return &apiError{code: codeInvalid, message: message, fields: problems}
 }
 
 // --- characters and amounts ---
@@ -108,10 +99,14 @@ func parseDecimal(s string) (decimal, bool) {
 
 func (d decimal) isZero() bool { return d.whole == "" && d.frac == "" }
 
-// scaled returns d * 10^exp, where d has at most exp decimal places, and false when that is above
-// limit. It pads d's digits with zeros to exp places, so "19.9" at exp 2 is 1990. The leading "0"
-// makes "0.0" read as 0. A digit string too long for an int64 is a range error, never an overflow.
+// scaled returns d * 10^exp, and false when d has more than exp decimal places or the result is
+// above limit. It pads d's digits with zeros to exp places, so "19.9" at exp 2 is 1990. The leading
+// "0" makes "0.0" read as 0. A digit string too long for an int64 is a range error, never an
+// overflow.
 func (d decimal) scaled(exp int, limit int64) (int64, bool) {
+	if len(d.frac) > exp {
+		return 0, false
+	}
 	text := "0" + d.whole + d.frac + strings.Repeat("0", exp-len(d.frac))
 	n, err := strconv.ParseInt(text, 10, 64)
 	return n, err == nil && n <= limit
@@ -231,9 +226,8 @@ func (f *fields) oneOf(name string, allowed ...string) string {
 // --- create and update ---
 
 // decodeCreate reads a create body into a new button, or refuses it with an invalid_request error
-// that names every field that breaks a rule. providerName is the paymentMethod of the service's own
-// processor.
-func decodeCreate(body []byte, providerName string) (button, error) {
+// that names every field that breaks a rule.
+func decodeCreate(body []byte) (button, error) {
 	f, err := readObject(body, createFields)
 	if err != nil {
 		return button{}, err
@@ -244,12 +238,20 @@ func decodeCreate(body []byte, providerName string) (button, error) {
 			f.fail(name, "is required")
 		}
 	}
-	paymentType := f.oneOf("paymentType", "one_time", "subscription")
+	isLive, isBool := f.values["isLive"].(bool)
+	if !isBool && f.has("isLive") {
+		f.fail("isLive", "must be a boolean") // so the string "true" is refused
+	}
 	b := button{
-		BillingInterval: f.billingInterval(paymentType),
-		PaymentMethod:   f.oneOf("paymentMethod", providerName, "Stripe", "StripeConnect"),
-		PaymentType:     paymentType,
-		IsLive:          f.isLive(),
+		BillingInterval: orNil(f.oneOf("billingInterval", billingIntervals...)),
+		PaymentMethod:   f.oneOf("paymentMethod", paymentMethods...),
+		PaymentType:     f.oneOf("paymentType", "one_time", "subscription"),
+		IsLive:          isLive,
+	}
+	if b.PaymentType == "subscription" && !f.has("billingInterval") {
+		f.fail("billingInterval", "is required when paymentType is subscription")
+	} else if b.PaymentType == "one_time" && f.has("billingInterval") {
+		f.fail("billingInterval", "must be absent when paymentType is one_time")
 	}
 	if b.PaymentMethod == "StripeConnect" && !f.has(feeField) {
 		f.fail(feeField, "is required when paymentMethod is StripeConnect")
@@ -259,36 +261,6 @@ func decodeCreate(body []byte, providerName string) (button, error) {
 	err = f.apply(&b)
 	return b, err
 }
-
-// billingInterval returns the interval a subscription is billed at, or nil for a one_time price.
-// Case is ignored for ASCII letters only, and any other letter is refused, because
-// strings.ToLower maps the Kelvin sign to "k".
-func (f *fields) billingInterval(paymentType string) *string {
-	s, _ := f.str("billingInterval")
-	interval := billingIntervals[strings.ToLower(s)]
-	if s != "" && (interval == "" || !onlyOf(s, letters)) {
-		f.fail("billingInterval", `must be one of "day", "week", "month", "year"`)
-	} else if paymentType == "subscription" && interval == "" {
-		f.fail("billingInterval", "is required when paymentType is subscription")
-	} else if paymentType == "one_time" && interval != "" {
-		f.fail("billingInterval", "must be absent when paymentType is one_time")
-	}
-	return orNil(interval)
-}
-
-// isLive returns the isLive field. It must be a JSON boolean, so the string "true" is refused.
-func (f *fields) isLive() bool {
-	isLive, isBool := f.values["isLive"].(bool)
-	if !isBool && f.has("isLive") {
-		f.fail("isLive", "must be a boolean")
-	}
-	return isLive
-}
-
-// billingIntervals maps every accepted spelling, lower-cased, to the interval stored.
-var billingIntervals = map[string]string{"day": "day", "week": "week", "month": "month",
-	"year": "year", "daily": "day", "weekly": "week", "monthly": "month", "yearly": "year",
-	"annually": "year"}
 
 // decodeUpdate reads an update body and refuses it if its form is wrong. apply then checks its
 // values against the button they change.
@@ -370,13 +342,18 @@ func (f *fields) description() string {
 	}, "control characters other than tab and line breaks")
 }
 
-// text returns s, the value of name, when s has at most max characters and none of them is bad.
+// text returns s, the value of name, when s has at most max characters and none of them is bad or
+// U+FFFD. No product's text means U+FFFD: it is what encoding/json reads a lone surrogate such as
+// "\udfff" as.
 func (f *fields) text(name, s string, max int, bad func(rune) bool, badWhy string) string {
 	if n := utf8.RuneCountInString(s); n > max {
 		f.fail(name, fmt.Sprintf("must be at most %d characters (it has %d)", max, n))
 		return ""
 	} else if strings.ContainsFunc(s, bad) {
 		f.fail(name, "must not contain "+badWhy)
+		return ""
+	} else if strings.ContainsRune(s, utf8.RuneError) {
+		f.fail(name, `must not contain U+FFFD, which a lone surrogate such as "\udfff" becomes`)
 		return ""
 	}
 	return s
@@ -476,7 +453,8 @@ func (f *fields) metadata(stored map[string]string) map[string]string {
 	if f.has("metadata") && !isObject {
 		f.fail("metadata", "must be an object of string keys to string values")
 	}
-	for key, value := range object {
+	for _, key := range slices.Sorted(maps.Keys(object)) { // the same body, the same answer
+		value := object[key]
 		s, isString := value.(string)
 		if len(key) < 1 || len(key) > 40 || !onlyOf(key, nameChars) {
 			f.fail("metadata", fmt.Sprintf("has the key %.40q: a key is 1 to 40 of A-Z a-z 0-9 _-.",
@@ -499,7 +477,7 @@ func (f *fields) metadata(stored map[string]string) map[string]string {
 
 // decodeListQuery reads the query string of a list request. It accepts limit (1 to 100, 20 by
 // default), after, and the filters.
-func decodeListQuery(raw, providerName string) (listQuery, error) {
+func decodeListQuery(raw string) (listQuery, error) {
 	f := readQuery(raw, "limit", "after", "state", "isLive", "paymentMethod")
 	q := listQuery{Limit: 20, State: "active"}
 	if limit, ok := f.str("limit"); ok {
@@ -520,7 +498,7 @@ func decodeListQuery(raw, providerName string) (listQuery, error) {
 		live := isLive == "true"
 		q.IsLive = &live
 	}
-	q.PaymentMethod = f.oneOf("paymentMethod", providerName, "Stripe", "StripeConnect")
+	q.PaymentMethod = f.oneOf("paymentMethod", paymentMethods...)
 	return q, invalid(f.problems)
 }
 
