@@ -9,7 +9,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -215,19 +214,13 @@ func keysCreate(ctx context.Context, fs *flag.FlagSet, db *string, args []string
 	return nil
 }
 
-// readOnlyDatabase parses args into fs, which must leave no arguments, and opens the database at
-// db read-only. It is for the commands that only read the database.
-func readOnlyDatabase(fs *flag.FlagSet, args []string, db *string) (*sql.DB, error) {
-	if err := parseFlags(fs, args, 0); err != nil {
-		return nil, err
-	}
-	return openToRead(*db)
-}
-
 // keysList prints every key, one line each. It never prints a secret.
 func keysList(ctx context.Context, fs *flag.FlagSet, db *string, args []string,
 	stdout io.Writer) error {
-	file, err := readOnlyDatabase(fs, args, db)
+	if err := parseFlags(fs, args, 0); err != nil {
+		return err
+	}
+	file, err := openToRead(*db)
 	if err != nil {
 		return err
 	}
@@ -303,8 +296,11 @@ func backup(fs *flag.FlagSet, db *string, args []string, stdout io.Writer) error
 	if err == nil {
 		err = os.Rename(tmp.Name(), dest)
 	}
-	if err == nil && runtime.GOOS != "windows" { // where a directory cannot be synced
-		err = syncDir(dir)
+	if err == nil && runtime.GOOS != "windows" { // Windows cannot sync a directory
+		var d *os.File // a rename is on disk once its directory is synced
+		if d, err = os.Open(dir); err == nil {
+			err = errors.Join(d.Sync(), d.Close())
+		}
 	}
 	if err != nil {
 		return err
@@ -325,19 +321,13 @@ func resolved(path string) string {
 	return path
 }
 
-// syncDir puts the directory's entries on disk: a rename is durable only then.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	return errors.Join(d.Sync(), d.Close())
-}
-
 // check prints what SQLite's integrity check finds. That is "ok", or the damage, which makes
 // check return an error.
 func check(fs *flag.FlagSet, db *string, args []string, stdout io.Writer) error {
-	file, err := readOnlyDatabase(fs, args, db)
+	if err := parseFlags(fs, args, 0); err != nil {
+		return err
+	}
+	file, err := openToRead(*db)
 	if err != nil {
 		return err
 	}

@@ -445,8 +445,7 @@ func (s *store) change(ctx context.Context, account, id string, ifMatch int64,
 		if err := edit(&b); err != nil {
 			return err
 		}
-		after := marshal(b)
-		if changed = !bytes.Equal(before, after); !changed {
+		if changed = !bytes.Equal(before, marshal(b)); !changed {
 			return nil
 		}
 		b.Version++

@@ -97,8 +97,6 @@ func parseDecimal(s string) (decimal, bool) {
 	return decimal{strings.TrimLeft(whole, "0"), strings.TrimRight(frac, "0")}, ok
 }
 
-func (d decimal) isZero() bool { return d.whole == "" && d.frac == "" }
-
 // scaled returns d * 10^exp, and false when d has more than exp decimal places or the result is
 // above limit. It pads d's digits with zeros to exp places, so "19.9" at exp 2 is 1990. The leading
 // "0" makes "0.0" read as 0. A digit string too long for an int64 is a range error, never an
@@ -382,7 +380,7 @@ func (f *fields) amount(currency string) string {
 	d, ok := f.decimal("amount")
 	if !ok {
 		return ""
-	} else if d.isZero() {
+	} else if d.whole == "" && d.frac == "" {
 		f.fail("amount", "must be greater than zero")
 		return ""
 	} else if currency == "" { // nothing to check the amount against
@@ -414,13 +412,9 @@ func (f *fields) fee(method string) string {
 		f.fail(feeField, "is only allowed when paymentMethod is StripeConnect")
 		return ""
 	}
-	if len(d.frac) > 2 {
-		f.fail(feeField, "must have at most 2 decimal places")
-		return ""
-	}
-	basisPoints, fits := d.scaled(2, 10_000)
+	basisPoints, fits := d.scaled(2, 10_000) // refuses a third decimal place
 	if !fits || basisPoints == 0 {
-		f.fail(feeField, "must be between 0.01 and 100")
+		f.fail(feeField, "must be 0.01 to 100, with at most 2 decimal places")
 		return ""
 	}
 	return formatScaled(basisPoints, 2)
