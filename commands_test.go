@@ -95,19 +95,44 @@ func TestBesideTwoServers(t *testing.T) {
 		expect(t, strings.HasPrefix(out, "backup ") && held && bytes.Equal(now, copied),
 			"backup: got %q; a copy of %s at version 2: %v; kept by a second backup: %v", out, id,
 			held, bytes.Equal(now, copied))
-		partial, _ := filepath.Glob(dir + "/*partial*")
-		expect(t, partial == nil, "backup left %v", partial)
+		out, _, _ = runCLI(t, env, 0, "check", "-db", dest)
+		expect(t, out == "ok\n", "check of the copy: got %q, want ok", out)
+		_, _, err := runCLI(t, env, 2, "backup", "-db", sym, db+"-journal")
+		expect(t, strings.Contains(fmt.Sprint(err), "beside it"), "through the symlink: %v", err)
 	})
-	t.Run("check", func(t *testing.T) {
-		for _, file := range []string{db, dest} {
-			out, _, _ := runCLI(t, env, 0, "check", "-db", file)
-			expect(t, out == "ok\n", "check of %s: got %q, want ok", file, out)
+	t.Run("backup syncs the copy, renames it, then syncs the directory", func(t *testing.T) {
+		strace, err := exec.LookPath("strace")
+		if err != nil || runtime.GOOS != "linux" {
+			t.Skipf("no strace on this %s (%v): the order of syncs is not shown", runtime.GOOS, err)
 		}
-		err := execSQL(dest, `PRAGMA writable_schema = ON; UPDATE sqlite_schema SET sql =
-			replace(sql, 'state, id', 'id, state') WHERE name = 'buttons_by_state'`)
-		out, _, _ := runCLI(t, env, 1, "check", "-db", dest)
-		expect(t, err == nil && strings.Contains(out, "missing from index"),
-			"an index that is not its table's: got %q (%v)", out, err)
+		cmd := childCommand(t, "backup", "-db", db, dir+"/synced.db")
+		cmd.Path, cmd.Args = strace, append([]string{strace, "-f", "-y", "-o", dir + "/trace",
+			"-e", "trace=openat,fsync,rename,renameat,renameat2"}, cmd.Args...)
+		out, err := cmd.CombinedOutput()
+		trace, _ := os.ReadFile(dir + "/trace")
+		// The copy is the file backup makes (O_EXCL), which SQLite then writes through a file of
+		// its own, and syncs too.
+		made := regexp.MustCompile(`synced\.db\.\d+\.partial", \S*O_EXCL.* = (\d+)<`).
+			FindSubmatch(trace)
+		require(t, err == nil && made != nil, "backup under strace: %v\n%s\n%s", err, out, trace)
+		order := regexp.MustCompile(`(?s)fsync\(` + string(made[1]) + `<[^>]*\.partial>\) = 0.*` +
+			`rename[^\n]*/synced\.db"\) = 0.*fsync\(\d+<` + regexp.QuoteMeta(dir) + `>\) = 0`)
+		expect(t, order.Match(trace), "got\n%s\nwant the copy synced, renamed, then %s synced",
+			trace, dir)
+	})
+	t.Run("a failed backup leaves nothing", func(t *testing.T) {
+		damaged := dir + "/damaged.db"
+		runCLI(t, nil, 0, "keys", "create", "-account", "a", "-db", damaged)
+		err := execSQL(damaged, `CREATE TABLE t (x TEXT);
+			INSERT INTO t SELECT hex(randomblob(99999))`)
+		file, _ := os.OpenFile(damaged, os.O_WRONLY, 0)
+		file.WriteAt(bytes.Repeat([]byte{0xff}, 4096), 20<<12) // a page in the middle of x
+		file.Close()
+		runCLI(t, nil, 1, "backup", "-db", damaged, dir+"/damaged-copy.db")
+		left, _ := filepath.Glob(dir + "/damaged-copy.db*")
+		out, _, _ := runCLI(t, nil, 1, "check", "-db", damaged)
+		expect(t, err == nil && left == nil && strings.Contains(out, "Page"),
+			"got %v left, check said %q (%v)", left, out, err)
 	})
 	t.Run("keys revoke stops a key at both servers", func(t *testing.T) {
 		runCLI(t, env, 0, "keys", "revoke", ids[0])
@@ -149,8 +174,8 @@ func TestNewFileBesideAnotherProcess(t *testing.T) {
 	defer other.Close()
 	tx, err := other.Begin() // while it is held, the switch to WAL fails with BUSY at once
 	if err == nil {
-		_, err = tx.Exec(schema + fmt.Sprintf("; PRAGMA application_id = %d; PRAGMA user_version = 1",
-			applicationID))
+		_, err = tx.Exec(schema + fmt.Sprintf("; PRAGMA application_id = %d; "+
+			"PRAGMA user_version = 1", applicationID))
 	}
 	require(t, err == nil, "make the schema as another process: %v", err)
 	time.AfterFunc(time.Second, func() { tx.Commit() })
@@ -240,105 +265,5 @@ func TestCommandLineRefusals(t *testing.T) {
 	for file, before := range files {
 		after, _ := os.ReadFile(file)
 		expect(t, bytes.Equal(before, after), "%s changed", file)
-	}
-}
-
-// backup refuses the database's files through a symlink too. A backup that fails removes its
-// temporary file. One that succeeds syncs its copy before the rename, and the directory after.
-func TestBackup(t *testing.T) {
-	t.Parallel()
-	dir := t.TempDir()
-	db := dir + "/pb.db"
-	runCLI(t, nil, 0, "keys", "create", "-account", "a", "-db", db)
-	t.Run("the database's files through a symlink", func(t *testing.T) {
-		if err := os.Symlink(db, dir+"/link.db"); err != nil {
-			t.Skipf("no symlink here: %v", err)
-		}
-		_, _, err := runCLI(t, nil, 2, "backup", "-db", dir+"/link.db", db+"-journal")
-		expect(t, strings.Contains(fmt.Sprint(err), "beside it"), "got %v", err)
-	})
-	t.Run("a failed backup leaves nothing", func(t *testing.T) {
-		damaged := dir + "/damaged.db"
-		runCLI(t, nil, 0, "keys", "create", "-account", "a", "-db", damaged)
-		err := execSQL(damaged, `CREATE TABLE t (x TEXT);
-			INSERT INTO t SELECT hex(randomblob(99999))`)
-		require(t, err == nil, "%v", err)
-		file, _ := os.OpenFile(damaged, os.O_WRONLY, 0)
-		file.WriteAt(bytes.Repeat([]byte{0xff}, 4096), 20<<12) // a page in the middle of x
-		file.Close()
-		runCLI(t, nil, 1, "backup", "-db", damaged, dir+"/copy.db")
-		partial, _ := filepath.Glob(dir + "/copy.db*")
-		expect(t, partial == nil, "got %v", partial)
-	})
-	t.Run("syncs around the rename", func(t *testing.T) {
-		strace, err := exec.LookPath("strace")
-		if err != nil || runtime.GOOS != "linux" {
-			t.Skipf("no strace on this %s (%v): the order of syncs is not shown", runtime.GOOS, err)
-		}
-		cmd := childCommand(t, "backup", "-db", db, dir+"/synced.db")
-		cmd.Args = append([]string{strace, "-f", "-y", "-o", dir + "/trace", "-e",
-			"trace=openat,fsync,fdatasync,rename,renameat,renameat2"}, cmd.Args...)
-		cmd.Path = strace
-		out, err := cmd.CombinedOutput()
-		require(t, err == nil, "backup under strace: %v\n%s", err, out)
-		trace, _ := os.ReadFile(dir + "/trace")
-		// The copy is the file backup makes (O_EXCL), and which SQLite then writes.
-		copy := regexp.MustCompile(`"[^"]*/synced\.db\.\d+\.partial", \S*O_EXCL.* = (\d+)<`).
-			FindSubmatch(trace)
-		require(t, copy != nil, "no copy made:\n%s", trace)
-		renamed := regexp.MustCompile(`rename.*partial", .*/synced\.db"\) = 0`)
-		var calls []string // what happened to the copy and its directory, in order
-		for _, line := range strings.Split(string(trace), "\n") {
-			if strings.Contains(line, "sync("+string(copy[1])+"</") &&
-				strings.HasSuffix(line, ".partial>) = 0") {
-				calls = append(calls, "sync the copy")
-			} else if renamed.MatchString(line) {
-				calls = append(calls, "rename")
-			} else if strings.Contains(line, "sync(") && strings.Contains(line, "<"+dir+">) = 0") {
-				calls = append(calls, "sync the directory")
-			}
-		}
-		order := "sync the copy, (.*, )?rename, (.*, )?sync the directory"
-		expect(t, regexp.MustCompile(order).MatchString(strings.Join(calls, ", ")),
-			"got %q, want %s\n%s", calls, order, trace)
-	})
-}
-
-// A file this process cannot write is refused by serve at start, and read by keys list and check.
-func TestReadOnlyFile(t *testing.T) {
-	t.Parallel()
-	dir, err := os.MkdirTemp("", "paybuttons") // not t.TempDir: its parents admit no other user
-	require(t, err == nil, "%v", err)
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	db := dir + "/ro.db"
-	runCLI(t, nil, 0, "keys", "create", "-account", "a", "-db", db)
-	require(t, os.Chmod(db, 0o444) == nil && os.Chmod(dir, 0o777) == nil, "chmod %s", db)
-	binary, err := os.ReadFile(os.Args[0]) // in a folder any user may read
-	require(t, err == nil && os.WriteFile(dir+"/test", binary, 0o755) == nil, "%v", err)
-	runuser, err := exec.LookPath("runuser")
-	if os.Geteuid() == 0 && (err != nil || runtime.GOOS != "linux") {
-		t.Skip("running as root without runuser: no user to run the commands as")
-	}
-	for _, c := range []struct {
-		status int
-		says   string
-		args   []string
-	}{
-		{1, "readonly", []string{"serve", "-addr", "127.0.0.1:0", "-db", db}},
-		{0, "\ta\tread-write\t", []string{"keys", "list", "-db", db}},
-		{0, "ok\n", []string{"check", "-db", db}},
-	} {
-		t.Run(c.args[0], func(t *testing.T) {
-			cmd := childCommand(t, c.args...)
-			cmd.Path, cmd.Args[0] = dir+"/test", dir+"/test"
-			if os.Geteuid() == 0 { // root writes any file: the command runs as nobody
-				cmd.Path = runuser
-				cmd.Args = append([]string{runuser, "-u", "nobody", "--"}, cmd.Args...)
-			}
-			out, _ := cmd.CombinedOutput()
-			status := cmd.ProcessState.ExitCode()
-			expect(t, status == c.status && strings.Contains(string(out), c.says),
-				"got exit %d, %s; want %d, saying %q", status, out, c.status, c.says)
-		})
 	}
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"database/sql"
 	"encoding/binary"
@@ -38,15 +37,14 @@ func TestGet(t *testing.T) {
 		`"ApplicationFeePercentage":"2.50","metadata":{"orderRef":"<A-17>"},"state":"active",` +
 		`"version":1,"createdAt":"` + at + `","updatedAt":"` + at + `","deletedAt":null}`
 	r := e.do("GET", "/product-payment/get/"+id, e.key, "")
-	r.want(t, 200, "")
 	expect(t, string(r.env.Data) == want && r.header.Get("ETag") == `"1"`,
 		"get: got %s, ETag %s\nwant %s", r.raw, r.header.Get("ETag"), want)
-	head := e.do("HEAD", "/product-payment/get/"+id, e.key, "")
-	expect(t, head.status == 200 && head.header.Get("ETag") == `"1"` && len(head.raw) == 0,
-		"HEAD: got %d %v %q, want 200, ETag \"1\", no body", head.status, head.header, head.raw)
 	page := e.do("GET", "/product-payment/list", e.key, "").raw
 	wantPage := `"data":{"hasMore":false,"items":[` + want + `],"next":null}`
 	expect(t, bytes.Contains(page, []byte(wantPage)), "list: got %s\nwant %s", page, wantPage)
+	r = e.do("HEAD", "/product-payment/get/"+id, e.key, "")
+	expect(t, r.status == 200 && r.header.Get("ETag") == `"1"` && len(r.raw) == 0,
+		"HEAD: got %d %v %q, want 200, ETag \"1\", no body", r.status, r.header, r.raw)
 }
 
 // A refusal has its status and code and changes nothing; a write's ETag is its button's version.
@@ -58,10 +56,9 @@ func TestRefusals(t *testing.T) {
 	e.do("DELETE", "/product-payment/delete/"+deleted, e.key, "").want(t, 200, "")
 	readOnly, _, _ := e.store.createKey(context.Background(), "acme", true)
 	before, body, amount := e.stored("acme", id), createBody(nil), `{"amount":"1"}`
-	ct := "Content-Type: "
 	get, update := "GET /product-payment/get/", "POST /product-payment/update/"
 	del, restore := "DELETE /product-payment/delete/", "POST /product-payment/restore/"
-	create := "POST /product-payment/create"
+	create, ct := "POST /product-payment/create", "Content-Type: "
 	codes := map[int]string{400: "invalid_request", 401: "unauthorized", 403: "forbidden",
 		404: "not_found", 405: "method_not_allowed", 409: "wrong_state", 412: "precondition_failed",
 		413: "payload_too_large", 415: "unsupported_media_type"}
@@ -94,7 +91,6 @@ func TestRefusals(t *testing.T) {
 		{"another method", "GET /product-payment/create", e.key, "", "", 405},
 		{"OPTIONS", "OPTIONS /product-payment/create", "", "", "", 405},
 		{"text/plain", create, e.key, body, ct + "text/plain", 415},
-		{"application/xml", create, e.key, body, ct + "application/xml", 415},
 		{"a body over 64 KiB", create, e.key, strings.Repeat(" ", 64<<10) + body, "", 413},
 		{"JSON with a charset", create, e.key, body, ct + "application/json; charset=utf-8", 200},
 		{"a +json media type", create, e.key, body, ct + "application/vnd.x+json", 200},
@@ -114,22 +110,19 @@ func TestRefusals(t *testing.T) {
 			method, path, _ := strings.Cut(c.request, " ")
 			r := e.do(method, path, c.key, c.body, strings.Split(c.header, ": ")...)
 			r.want(t, c.status, codes[c.status])
-			created := c.request == create && c.status == 200
-			expect(t, created == (e.buttons() == buttons+1), "got %d buttons, had %d", e.buttons(),
-				buttons)
-			h := r.header
-			expect(t, h.Get("Cache-Control") == "no-store" &&
-				h.Get("X-Content-Type-Options") == "nosniff" &&
-				(h.Get("ETag") != "") == (c.status == 200), "got headers %v", h)
+			created, h := c.request == create && c.status == 200, r.header
+			expect(t, created == (e.buttons() == buttons+1) && h.Get("Cache-Control") ==
+				"no-store" && h.Get("X-Content-Type-Options") == "nosniff" &&
+				(h.Get("ETag") != "") == (c.status == 200), "got %d buttons (had %d), headers %v",
+				e.buttons(), buttons, h)
 			if strings.HasPrefix(c.header, "Idempotency-Key") && c.status == 400 {
 				r.wantFields(t, "Idempotency-Key")
 			}
 		})
 	}
 	after, restored := e.stored("acme", id), e.stored("acme", deleted)
-	expect(t, reflect.DeepEqual(after, before), "got %s, want it unchanged", jsonOf(after))
-	expect(t, restored.State == "active" && restored.DeletedAt == nil, "restored: got %s",
-		jsonOf(restored))
+	expect(t, reflect.DeepEqual(after, before) && restored.State == "active" &&
+		restored.DeletedAt == nil, "got %s and %s", jsonOf(after), jsonOf(restored))
 
 	t.Run("a 400 names every failing field in full", func(t *testing.T) {
 		many := m{"applicationFeePercentage": "1"}
@@ -138,10 +131,8 @@ func TestRefusals(t *testing.T) {
 		}
 		r := e.do("POST", "/product-payment/create", e.key, createBody(many))
 		r.wantFields(t, slices.Collect(maps.Keys(many))...)
-		names := slices.Sorted(maps.Keys(many))
-		want := "31 fields are invalid: " + strings.Join(names, ", ")
-		expect(t, r.env.Message == want, "got message %q\nwant %q", r.env.Message, want)
-		expect(t, r.env.Errors["applicationFeePercentage"] ==
+		want := "31 fields are invalid: " + strings.Join(slices.Sorted(maps.Keys(many)), ", ")
+		expect(t, r.env.Message == want && r.env.Errors["applicationFeePercentage"] ==
 			`unknown name; did you mean "ApplicationFeePercentage"?`, "got %s", r.raw)
 	})
 	t.Run("the same body gets the same answer", func(t *testing.T) {
@@ -163,39 +154,32 @@ func TestHeadersAndLog(t *testing.T) {
 	id := e.create(e.key, createBody(nil))
 	get := "/product-payment/get/" + id
 	t.Run("X-Request-Id", func(t *testing.T) {
-		sane := map[string]bool{"trace-7:x_y.z": true, "a=b": false,
-			strings.Repeat("x", 129): false}
-		for sent, ok := range sane {
-			r := e.do("GET", "/healthz", "", "", "X-Request-Id", sent)
-			got := r.header.Get("X-Request-Id")
+		for sent, ok := range map[string]bool{"t-7:x_y.z": true, "a=b": false,
+			strings.Repeat("x", 129): false} {
+			got := e.do("GET", "/healthz", "", "", "X-Request-Id", sent).header.Get("X-Request-Id")
 			expect(t, (got == sent) == ok && strings.HasPrefix(got, "req_") != ok, "%q: got %q",
 				sent, got)
 		}
 	})
-	t.Run("Allow", func(t *testing.T) {
-		allow := e.do("POST", "/healthz", "", "").header.Get("Allow")
-		expect(t, allow == "GET, HEAD", "POST /healthz: got Allow %q, want GET, HEAD", allow)
-	})
 	t.Run("a read writes nothing", func(t *testing.T) {
-		wal, err := os.ReadFile(e.db + "-wal")
+		wal, _ := os.ReadFile(e.db + "-wal")
 		for range 120 {
 			e.do("GET", get, e.key, "").want(t, 200, "")
 		}
-		walAfter, err2 := os.ReadFile(e.db + "-wal")
-		expect(t, cmp.Or(err, err2) == nil && bytes.Equal(wal, walAfter),
-			"the gets changed the WAL (%v)", cmp.Or(err, err2))
+		walAfter, _ := os.ReadFile(e.db + "-wal")
+		expect(t, len(wal) > 0 && bytes.Equal(wal, walAfter), "the gets changed the WAL")
 	})
 	t.Run("the access log", func(t *testing.T) {
-		e.do("GET", get, e.key, "", "X-Request-Id", "trace-8").want(t, 200, "")
-		line := fmt.Sprintf(`status=200 duration=\S+ requestId=trace-8 keyId=%s buttonId=%s\n`,
+		e.do("GET", get, e.key, "", "X-Request-Id", "t-8").want(t, 200, "")
+		line := fmt.Sprintf(`status=200 duration=\S+ requestId=t-8 keyId=%s buttonId=%s\n`,
 			e.keyID, id)
-		expect(t, regexp.MustCompile(line).MatchString(e.logged()), "no log line %s in\n%s", line,
+		expect(t, regexp.MustCompile(line).MatchString(e.logged()), "no line %s in\n%s", line,
 			e.logged())
 	})
 }
 
-// list pages newest first and filters; each query parameter is checked. A page holds at most
-// 256 KiB of buttons. Pages never skip or repeat a button, even while buttons are made.
+// list pages newest first and filters; each query parameter is checked. Pages never skip or
+// repeat a button, even while buttons are made.
 func TestList(t *testing.T) {
 	t.Parallel()
 	e := newTestServer(t)
@@ -243,16 +227,11 @@ func TestList(t *testing.T) {
 			e.create(e.key, createBody(nil))
 		}
 		first, next := e.page(t, "")
-		expect(t, len(first) == 20 && next == first[19], "got %d buttons, next %q", len(first),
-			next)
+		expect(t, len(first) == 20 && next == first[19], "got %d, next %q", len(first), next)
 	})
 	t.Run("no skip or repeat while buttons are made", func(t *testing.T) {
-		seen := map[string]int{}
-		for _, page := range e.pages(t, "state=all&limit=100") {
-			for _, id := range page {
-				seen[id] = 0
-			}
-		}
+		before := slices.Concat(e.pages(t, "state=all&limit=100")...)
+		time.Sleep(time.Millisecond) // the ids made from here on sort after every one before
 		stop, done := make(chan bool, 1), make(chan bool)
 		go func() {
 			defer close(done)
@@ -261,24 +240,18 @@ func TestList(t *testing.T) {
 					createBody(nil))
 			}
 		}()
-		for _, page := range e.pages(t, "state=all&limit=3") {
-			for _, id := range page {
-				seen[id]++
-			}
-		}
+		during := slices.Concat(e.pages(t, "state=all&limit=3")...)
 		stop <- true
 		<-done
-		for id, n := range seen {
-			expect(t, n == 1, "the pages gave %s, made before they began, %d times", id, n)
-		}
+		during = slices.DeleteFunc(during, func(id string) bool { return id > before[0] })
+		expect(t, slices.Equal(during, before), "got %v, want %v", during, before)
 	})
 }
 
 // A page stops before the button that would take it past 256 KiB, and goes on from there.
 func TestListPageSize(t *testing.T) {
 	t.Parallel()
-	e := newTestServer(t)
-	metadata := m{}
+	e, metadata := newTestServer(t), m{}
 	for i := range 50 {
 		metadata[fmt.Sprint("key", i)] = strings.Repeat("é.", 250) // 750 bytes
 	}
@@ -291,10 +264,9 @@ func TestListPageSize(t *testing.T) {
 	perPage := (256 << 10) / len(text) // every button here is as long
 	require(t, perPage < len(want), "buttons of %d bytes: %d fit in a page", len(text), perPage)
 	pages := e.pages(t, "limit=100")
-	expect(t, slices.Equal(slices.Concat(pages...), want), "the pages gave %v, want %v", pages, want)
+	expect(t, slices.Equal(slices.Concat(pages...), want), "got %v, want %v", pages, want)
 	for i, page := range pages {
-		expect(t, len(page) == min(perPage, len(want)-i*perPage), "page %d has %d buttons", i,
-			len(page))
+		expect(t, len(page) == min(perPage, len(want)-i*perPage), "page %d: %d", i, len(page))
 	}
 }
 
@@ -319,8 +291,7 @@ func (e *testEnv) page(t *testing.T, query string) (ids []string, next string) {
 		Next    string // "" for null
 	}
 	json.Unmarshal(r.env.Data, &page)
-	require(t, page.HasMore == (page.Next != ""), "list?%s: got %s, want next when hasMore",
-		query, r.raw)
+	require(t, page.HasMore == (page.Next != ""), "list?%s: got %s", query, r.raw)
 	for _, b := range page.Items {
 		ids = append(ids, b.ID)
 	}
@@ -335,11 +306,10 @@ func TestIDs(t *testing.T) {
 	for range 5000 {
 		id := newButtonID()
 		raw, _ := crockford.DecodeString(strings.TrimPrefix(id, "btn_"))
-		ms := binary.BigEndian.Uint64(raw) >> 16
-		require(t, validButtonID(id) && ms >= first && ms <= uint64(time.Now().UnixMilli()),
-			"got %s", id)
-		low, lastLow := binary.BigEndian.Uint64(raw[8:]), binary.BigEndian.Uint64(last[8:])
-		expect(t, low != lastLow+1 && low != lastLow, "got %s after %x: derived from it", id, last)
+		ms, low := binary.BigEndian.Uint64(raw)>>16, binary.BigEndian.Uint64(raw[8:])
+		lastLow := binary.BigEndian.Uint64(last[8:])
+		require(t, validButtonID(id) && ms >= first && ms <= uint64(time.Now().UnixMilli()) &&
+			low != lastLow+1 && low != lastLow, "got %s after %x", id, last)
 		random[binary.BigEndian.Uint16(raw[6:])] = true
 		last = [16]byte(raw)
 	}
@@ -351,27 +321,24 @@ func TestIDs(t *testing.T) {
 func TestWriteWaitsBehindALock(t *testing.T) {
 	t.Parallel()
 	e := newTestServer(t)
-	e.store.writeWait = time.Second // the test waits 1 s, not 5
-	// As another process would:
+	e.store.writeWait = time.Second // the test waits 1 s, not 5, for another process's lock:
 	other, _ := sql.Open("sqlite", sqliteURI(e.db, "_txlock=immediate"))
 	defer other.Close()
 	lock, err := other.Begin()
 	require(t, err == nil, "take the write lock: %v", err)
 	defer lock.Rollback()
-	start, create := time.Now(), "/product-payment/create"
+	start, create, body := time.Now(), "/product-payment/create", createBody(nil)
 	var wg sync.WaitGroup
 	var answers [3]response
 	var took [3]time.Duration
 	for i := range answers { // one waits for the lock, two behind it for the writer connection
 		wg.Go(func() {
-			answers[i], _ = callAPI(http.DefaultClient, "POST", e.url+create, e.key,
-				createBody(nil))
+			answers[i], _ = callAPI(http.DefaultClient, "POST", e.url+create, e.key, body)
 			took[i] = time.Since(start)
 		})
 	}
 	ctx, hangUp := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, "POST", e.url+create,
-		strings.NewReader(createBody(nil)))
+	req, _ := http.NewRequestWithContext(ctx, "POST", e.url+create, strings.NewReader(body))
 	req.Header.Set("X-API-KEY", e.key)
 	wg.Go(func() { http.DefaultClient.Do(req) })
 	t.Run("reads go on", func(t *testing.T) {
@@ -383,15 +350,13 @@ func TestWriteWaitsBehindALock(t *testing.T) {
 	hangUp()
 	wg.Wait()
 	lock.Rollback()
-	t.Run("a 503 after the wait", func(t *testing.T) {
+	t.Run("a 503 after the wait, and nothing stored", func(t *testing.T) {
 		for i, r := range answers {
 			expect(t, r.status == 503 && r.env.Code == "unavailable" &&
 				r.header.Get("Retry-After") == "1" && took[i] >= time.Second &&
 				took[i] < 2*time.Second, "got %s %v after %v; want 503, Retry-After: 1 after 1 s",
 				r.raw, r.header, took[i])
 		}
-	})
-	t.Run("nothing stored", func(t *testing.T) {
 		expect(t, e.buttons() == 0, "got %d buttons after the lock went", e.buttons())
 	})
 	t.Run("a hang-up is no ERROR", func(t *testing.T) {
@@ -427,7 +392,6 @@ func TestFaults(t *testing.T) {
 		for i := 0; i < 100 && r.status == 200; i++ {
 			r = e.do("POST", "/product-payment/create", e.key, big)
 		}
-		r.want(t, 503, "unavailable")
 		buttons := e.buttons()
 		r = e.do("POST", "/product-payment/update/"+id, e.key,
 			`{"description":"`+strings.Repeat("y", 4000)+`"}`)
@@ -439,25 +403,23 @@ func TestFaults(t *testing.T) {
 	})
 	t.Run("a fault", func(t *testing.T) {
 		execSQL(e.db, `ALTER TABLE buttons RENAME TO gone`) // the server's SQL names no such table
-		r := e.do("POST", "/product-payment/create", e.key, createBody(nil), "X-Request-Id",
-			"t-500")
+		r := e.do("POST", "/product-payment/create", e.key, createBody(nil), "X-Request-Id", "t5")
 		execSQL(e.db, `ALTER TABLE gone RENAME TO buttons`)
-		expect(t, bytes.Equal(r.raw, internalError), "got %d %s", r.status, r.raw)
-		fault := `level=ERROR msg="request failed" requestId=t-500 status=500 err=.*no such table`
-		expect(t, regexp.MustCompile(fault).MatchString(e.logged()), "got log\n%s\nwant %s",
-			e.logged(), fault)
+		fault := `level=ERROR msg="request failed" requestId=t5 status=500 err=.*no such table`
+		expect(t, bytes.Equal(r.raw, internalError) && regexp.MustCompile(fault).
+			MatchString(e.logged()), "got %d %s, log\n%s\nwant %s", r.status, r.raw, e.logged(),
+			fault)
 	})
 	t.Run("a panic", func(t *testing.T) {
 		var logs bytes.Buffer
 		s := &server{log: slog.New(slog.NewTextHandler(&logs, nil))}
 		rec, req := httptest.NewRecorder(), httptest.NewRequest("GET", "/x", nil)
-		req.Header.Set("X-Request-Id", "trace-panic")
-		panics := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("secret") })
-		s.withBasics(panics).ServeHTTP(rec, req)
-		expect(t, rec.Code == 500 && bytes.Equal(rec.Body.Bytes(), internalError), "got %d %s",
-			rec.Code, rec.Body)
-		expect(t, strings.Contains(logs.String(), `msg=panic requestId=trace-panic panic=secret`),
-			"got log %s, want the panic with the request id", logs.String())
+		req.Header.Set("X-Request-Id", "t-panic")
+		s.withBasics(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("why") })).
+			ServeHTTP(rec, req)
+		expect(t, rec.Code == 500 && bytes.Equal(rec.Body.Bytes(), internalError) &&
+			strings.Contains(logs.String(), `msg=panic requestId=t-panic panic=why`),
+			"got %d %s, log %s", rec.Code, rec.Body, logs.String())
 	})
 	t.Run("healthz without a database", func(t *testing.T) {
 		e.store.reader.Close()
@@ -467,20 +429,4 @@ func TestFaults(t *testing.T) {
 		expect(t, r.header.Get("Retry-After") == "1" && strings.Contains(e.logged(), logged),
 			"got %v, want Retry-After and a log line %s", r.header, logged)
 	})
-}
-
-// openapi.json names the server's error codes, and is served as it is.
-func TestOpenAPIDocument(t *testing.T) {
-	e := newTestServer(t)
-	var doc struct {
-		Components struct {
-			Schemas map[string]struct{ Enum []string }
-		}
-	}
-	r := e.do("GET", "/openapi.json", "", "")
-	require(t, json.Unmarshal(r.raw, &doc) == nil && bytes.Equal(r.raw, openAPIDocument),
-		"GET /openapi.json: got %d %.200s", r.status, r.raw)
-	codes := slices.Sorted(slices.Values(doc.Components.Schemas["ErrorCode"].Enum))
-	expect(t, slices.Equal(codes, slices.Sorted(maps.Keys(statusOf))),
-		"openapi.json's error codes: got %v, want the server's %v", codes, statusOf)
 }

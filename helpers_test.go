@@ -32,7 +32,7 @@ type testEnv struct {
 	log        string // the server's log file
 	store      *store
 	key, keyID string // of account acme
-	otherKey   string // of account other
+	otherKey   string
 }
 
 // newTestServer serves a new database file until the test ends.
@@ -153,6 +153,8 @@ func createBody(changes m) string {
 	return jsonOf(body)
 }
 
+func jsonOf(v any) string { b, _ := json.Marshal(v); return string(b) }
+
 // create makes a button with key and returns its id.
 func (e *testEnv) create(key, body string) string {
 	e.t.Helper()
@@ -162,10 +164,9 @@ func (e *testEnv) create(key, body string) string {
 }
 
 // stored reads account's button id from the database, or fails the test.
-func (e *testEnv) stored(account, id string) button {
+func (e *testEnv) stored(account, id string) (b button) {
 	e.t.Helper()
 	text, _, err := e.store.get(context.Background(), account, id)
-	var b button
 	require(e.t, err == nil && json.Unmarshal(text, &b) == nil, "read back %s: %v", id, err)
 	return b
 }
@@ -190,17 +191,17 @@ func awaitTrue(cond func() bool) bool {
 
 // runCLI runs the program in this process and fails the test unless it exits with status. A
 // serve that should have been refused stops after 10 s, exit status 0.
-func runCLI(t testing.TB, env map[string]string, status int, args ...string) (string, string,
-	error) {
+func runCLI(t testing.TB, env map[string]string, status int, args ...string) (stdout,
+	stderr string, err error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	var stdout, stderr bytes.Buffer
-	err := run(ctx, append([]string{"paybuttons"}, args...),
-		func(name string) string { return env[name] }, &stdout, &stderr)
+	var out, errOut bytes.Buffer
+	err = run(ctx, append([]string{"paybuttons"}, args...),
+		func(name string) string { return env[name] }, &out, &errOut)
 	expect(t, exitStatus(err) == status, "%q: got %v, stdout %q, stderr %q; want exit status %d",
-		args, err, stdout.String(), stderr.String(), status)
-	return stdout.String(), stderr.String(), err
+		args, err, out.String(), errOut.String(), status)
+	return out.String(), errOut.String(), err
 }
 
 // execSQL runs statements on the SQLite file at path, as another program would.
@@ -212,15 +213,12 @@ func execSQL(path, statements string) error {
 }
 
 // TestHelperServerProcess is not a test: started by childCommand, it is the program (the
-// arguments after "--").
+// arguments after "--"), and it exits when the test that started it ends, however it ends.
 func TestHelperServerProcess(t *testing.T) {
 	if os.Getenv("PAYBUTTONS_TEST_CHILD") != "1" {
 		t.Skip("the program itself, run as a child process by other tests")
 	}
-	go func() { // the test that started it has ended, however it ended: its end of stdin closed
-		io.Copy(io.Discard, os.Stdin)
-		os.Exit(3)
-	}()
+	go func() { io.Copy(io.Discard, os.Stdin); os.Exit(3) }() // the parent's end of stdin closed
 	os.Args = append([]string{"paybuttons"}, os.Args[slices.Index(os.Args, "--")+1:]...)
 	main() // which exits with the status of an error
 	os.Exit(0)
@@ -233,10 +231,9 @@ func childCommand(t *testing.T, args ...string) *exec.Cmd {
 	t.Cleanup(cancel)
 	args = append([]string{"-test.run=^TestHelperServerProcess$", "--"}, args...)
 	cmd := exec.CommandContext(ctx, os.Args[0], args...)
-	env := slices.DeleteFunc(os.Environ(),
-		func(v string) bool { return strings.HasPrefix(v, "PAYBUTTONS_") })
-	cmd.Env = append(env, "PAYBUTTONS_TEST_CHILD=1", "GORACE="+os.Getenv("GORACE")+
-		" atexit_sleep_ms=0")
+	cmd.Env = append(slices.DeleteFunc(os.Environ(), func(v string) bool {
+		return strings.HasPrefix(v, "PAYBUTTONS_")
+	}), "PAYBUTTONS_TEST_CHILD=1", "GORACE="+os.Getenv("GORACE")+" atexit_sleep_ms=0")
 	cmd.StdinPipe() // its other end is this process's: the system closes it when this one ends
 	// A grandchild (under runuser or strace) that outlives the child cannot hang the test by
 	// holding its output.
@@ -263,8 +260,7 @@ func startChild(t *testing.T, db string) *child {
 	require(t, err == nil, "%v", err)
 	defer out.Close() // the child has its own
 	c.cmd.Stdout, c.cmd.Stderr = out, out
-	err = c.cmd.Start()
-	require(t, err == nil, "cannot start the server: %v", err)
+	require(t, c.cmd.Start() == nil, "cannot start the server")
 	go func() { c.cmd.Wait(); c.gone.Store(true) }()
 	t.Cleanup(func() { c.cmd.Process.Kill(); awaitTrue(c.gone.Load) })
 	listening := regexp.MustCompile(`msg=listening url=(\S+) `) // the space: the whole port
@@ -274,5 +270,3 @@ func startChild(t *testing.T, db string) *child {
 	c.url = url[1]
 	return c
 }
-
-func jsonOf(v any) string { b, _ := json.Marshal(v); return string(b) }
