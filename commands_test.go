@@ -209,55 +209,51 @@ func TestCommandLineRefusals(t *testing.T) {
 	for _, file := range []string{foreign, versioned, garbage, empty, future} {
 		files[file], _ = os.ReadFile(file)
 	}
-	serve := func(args ...string) []string {
-		return append([]string{"serve", "-addr", "127.0.0.1:0", "-db"}, args...)
-	}
+	serve := "serve -addr 127.0.0.1:0 -db "
 	for _, c := range []struct {
-		status    int
-		env, says string // NAME=value; what the error says
-		args      []string
+		status         int
+		env, says, cmd string // env: NAME=value; says: what the error says
 	}{
-		{2, "", "frobnicate", []string{"frobnicate"}},
-		{2, "", "keys create, keys list or keys revoke", []string{"keys"}},
+		{2, "", "frobnicate", "frobnicate"},
+		{2, "", "keys create, keys list or keys revoke", "keys"},
 		// Like -rate, -burst, -tls-cert and -tls-key, which earlier editions had.
-		{2, "", "-provider-name", serve(never, "-provider-name", "Acme")},
-		{2, "", "-addr", serve(never, "-addr", ":99999")},
-		{2, "PAYBUTTONS_LOG_FORMAT=xml", "-log-format", serve(never)},
-		{2, "", "-account", []string{"keys", "create", "-db", never}},
-		{2, "", "-account", []string{"keys", "create", "-account", "a b", "-db", never}},
-		{2, "", "-account", []string{"keys", "create", "-account", strings.Repeat("a", 65),
-			"-db", never}},
-		{2, "", "takes 1 argument", []string{"keys", "revoke", "-db", never}},
-		{2, "", "takes 1 argument", []string{"keys", "revoke", "-db", never, "key_A", "key_B"}},
-		{2, "", "needs a DEST_FILE", []string{"backup", "-db", future, ""}},
-		{2, "", "SQLite keeps beside it", []string{"backup", "-db", future, future}},
-		{2, "", "SQLite keeps beside it", []string{"backup", "-db", future, future + "-journal"}},
-		{2, "", "SQLite keeps beside it", []string{"backup", "-db", future, dir + "/./v2.db-wal"}},
+		{2, "", "-provider-name", serve + never + " -provider-name Acme"},
+		{2, "", "-addr", serve + never + " -addr :99999"},
+		{2, "PAYBUTTONS_LOG_FORMAT=xml", "-log-format", serve + never},
+		{2, "", "-account", "keys create -db " + never},
+		{2, "", "-account", "keys create -account a/b -db " + never},
+		{2, "", "-account", "keys create -account " + strings.Repeat("a", 65) + " -db " + never},
+		{2, "", "takes 1 argument", "keys revoke -db " + never},
+		{2, "", "takes 1 argument", "keys revoke -db " + never + " key_A key_B"},
+		{2, "", "needs a DEST_FILE", "backup -db " + future + " "}, // the empty name
+		{2, "", "SQLite keeps beside it", "backup -db " + future + " " + future},
+		{2, "", "SQLite keeps beside it", "backup -db " + future + " " + future + "-journal"},
+		{2, "", "SQLite keeps beside it", "backup -db " + future + " " + dir + "/./v2.db-wal"},
 		{1, "PAYBUTTONS_LOG_FORMAT=xml", "address already in use", // the flag beats the variable
-			serve(never, "-log-format", "json", "-addr", busy.Addr().String())},
-		{1, "", "not a paybuttons database", serve(foreign)},
-		{1, "", "not a paybuttons database", serve(versioned)},
-		{1, "", "not a paybuttons database", []string{"check", "-db", foreign}},
-		{1, "", "not a paybuttons database", []string{"keys", "list", "-db", empty}},
-		{1, "", "not a database", serve(garbage)},
-		{1, "", "schema version 2", serve(future)},
-		{1, "", "schema version 2", []string{"keys", "list", "-db", future}},
-		{1, "", "schema version 2", []string{"check", "-db", future}},
-		{1, "", "schema version 2", []string{"backup", "-db", future, dir + "/copy.db"}},
-		{1, "", "does not exist", serve(dir + "/none/x.db")},
-		{1, "", "no database at", []string{"keys", "list", "-db", never}},
-		{1, "", "no database at", []string{"keys", "revoke", "-db", never, "key_X"}},
-		{1, "", "no database at", []string{"check", "-db", never}},
-		{1, "", `directory "` + dir + `/none" does not exist`,
-			[]string{"backup", "-db", never, dir + "/none/c.db"}},
+			serve + never + " -log-format json -addr " + busy.Addr().String()},
+		{1, "", "not a paybuttons database", serve + foreign},
+		{1, "", "not a paybuttons database", serve + versioned},
+		{1, "", "not a paybuttons database", "check -db " + foreign},
+		{1, "", "not a paybuttons database", "keys list -db " + empty},
+		{1, "", "not a database", serve + garbage},
+		{1, "", "schema version 2", serve + future},
+		{1, "", "schema version 2", "keys list -db " + future},
+		{1, "", "schema version 2", "check -db " + future},
+		{1, "", "schema version 2", "backup -db " + future + " " + dir + "/copy.db"},
+		{1, "", "does not exist", serve + dir + "/none/x.db"},
+		{1, "", "no database at", "keys list -db " + never},
+		{1, "", "no database at", "keys revoke -db " + never + " key_X"},
+		{1, "", "no database at", "check -db " + never},
+		{1, "", `directory "` + dir + `/none" does not exist`, "backup -db " + never + " " + dir +
+			"/none/c.db"},
 	} {
-		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+		t.Run(c.cmd, func(t *testing.T) {
 			name, value, _ := strings.Cut(c.env, "=")
-			_, stderr, err := runCLI(t, map[string]string{name: value}, c.status, c.args...)
+			_, stderr, err := runCLI(t, map[string]string{name: value}, c.status,
+				strings.Split(c.cmd, " ")...)
 			says := fmt.Sprint(err)
 			expect(t, strings.Contains(says, c.says) && !strings.Contains(says, "\n") &&
-				stderr == "", "got %q, then %q; want an error saying %q in a line", says, stderr,
-				c.says)
+				stderr == "", "got %q, then %q; want one line saying %q", says, stderr, c.says)
 		})
 	}
 	left, _ := filepath.Glob(dir + "/*.db") // and a -wal and -shm the read-only commands leave

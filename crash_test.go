@@ -30,10 +30,8 @@ func TestCrashKeepsAnsweredWrites(t *testing.T) {
 		t.Skip("Windows has no SIGTERM to send")
 	}
 	t.Parallel()
-	cycles, db := 3, t.TempDir()+"/crash.db"
-	if os.Getenv("PAYBUTTONS_LONG_TESTS") == "1" {
-		cycles = 20
-	}
+	cycles, db := map[bool]int{false: 3, true: 20}[os.Getenv("PAYBUTTONS_LONG_TESTS") == "1"],
+		t.TempDir()+"/crash.db"
 	key, _, _ := runCLI(t, nil, 0, "keys", "create", "-account", "acme", "-db", db)
 	key = strings.TrimSpace(key)
 	// Six workers; each button is one worker's, which alone writes it, so what it knows is exact.
@@ -44,8 +42,7 @@ func TestCrashKeepsAnsweredWrites(t *testing.T) {
 		var acked atomic.Int64
 		var stopped atomic.Bool // from here on, a write may get no answer
 		var wg sync.WaitGroup
-		client := &http.Client{Timeout: 20 * time.Second,
-			Transport: &http.Transport{MaxIdleConnsPerHost: 9}}
+		client := &http.Client{Timeout: 20 * time.Second}
 		for w := range mine {
 			tag := fmt.Sprint(cycle, "-", w)
 			wg.Go(func() {
@@ -67,12 +64,11 @@ func TestCrashKeepsAnsweredWrites(t *testing.T) {
 		c.cmd.Process.Kill()
 		require(t, awaitTrue(c.gone.Load), "the server still runs 20 s after its SIGKILL")
 		wg.Wait()
-		wal, err := os.ReadFile(db + "-wal") // check reads what the server left, and changes none
+		wal, _ := os.ReadFile(db + "-wal") // check reads what the server left, and changes none
 		out, _, _ := runCLI(t, nil, 0, "check", "-db", db)
-		walAfter, err2 := os.ReadFile(db + "-wal")
-		expect(t, out == "ok\n" && bytes.Equal(wal, walAfter) && cmp.Or(err, err2) == nil,
-			"after SIGKILL: check %q, WAL kept %v (%v)", out, bytes.Equal(wal, walAfter),
-			cmp.Or(err, err2))
+		walAfter, _ := os.ReadFile(db + "-wal")
+		expect(t, out == "ok\n" && len(wal) > 0 && bytes.Equal(wal, walAfter),
+			"after SIGKILL: check %q, WAL kept %v", out, bytes.Equal(wal, walAfter))
 	}
 }
 
