@@ -180,9 +180,7 @@ func (s *server) withKey(write bool,
 	h func(*http.Request, apiKey) (reply, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		key, err := s.admit(r, write)
-		if access, ok := w.(*accessLog); ok {
-			access.keyID = key.ID // the access log names the key that asked
-		}
+		w.(*accessLog).keyID = key.ID // withBasics's access log names the key that asked
 		if err != nil {
 			s.send(w, r, reply{}, err)
 			return

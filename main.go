@@ -9,6 +9,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -214,13 +215,18 @@ func keysCreate(ctx context.Context, fs *flag.FlagSet, db *string, args []string
 	return nil
 }
 
+// readOnlyDatabase parses args, which must hold no argument, and opens the database read-only.
+func readOnlyDatabase(fs *flag.FlagSet, args []string, db *string) (*sql.DB, error) {
+	if err := parseFlags(fs, args, 0); err != nil {
+		return nil, err
+	}
+	return openToRead(*db)
+}
+
 // keysList prints every key, one line each. It never prints a secret.
 func keysList(ctx context.Context, fs *flag.FlagSet, db *string, args []string,
 	stdout io.Writer) error {
-	if err := parseFlags(fs, args, 0); err != nil {
-		return err
-	}
-	file, err := openToRead(*db)
+	file, err := readOnlyDatabase(fs, args, db)
 	if err != nil {
 		return err
 	}
@@ -324,10 +330,7 @@ func resolved(path string) string {
 // check prints what SQLite's integrity check finds. That is "ok", or the damage, which makes
 // check return an error.
 func check(fs *flag.FlagSet, db *string, args []string, stdout io.Writer) error {
-	if err := parseFlags(fs, args, 0); err != nil {
-		return err
-	}
-	file, err := openToRead(*db)
+	file, err := readOnlyDatabase(fs, args, db)
 	if err != nil {
 		return err
 	}

@@ -139,10 +139,9 @@ func readBody(r *http.Request) ([]byte, error) {
 	return body, nil
 }
 
-// readObject reads body in two passes. In the first, encoding/json checks that body is one JSON
-// object with nothing after it. The second walks the object's names one by one, exactly as they
-// were written. encoding/json alone would not do that, because it folds case and keeps only the
-// last of a repeated name.
+// readObject reads body in two passes. The first checks that body is one JSON object with nothing
+// after it. The second walks the object's names one by one, as they were written, which decoding
+// into a struct or a map would not: it folds case, and keeps only the last of a repeated name.
 func readObject(body []byte, known []string) (*fields, error) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	var object json.RawMessage
