@@ -384,7 +384,7 @@ func (s *store) list(ctx context.Context, account string, q listQuery) (page []j
 			return nil, "", err
 		}
 		size += len(text)
-		if len(page) == q.Limit || len(page) > 0 && size > maxPage {
+		if len(page) == q.Limit || (len(page) > 0 && size > maxPage) {
 			return page, next, nil
 		}
 		page, next = append(page, text), id
