@@ -21,17 +21,15 @@ import (
 	"time"
 )
 
-// Two servers on one file (one through a symlink) and the commands work side by side: each sees
-// what the others write, one of concurrent If-Match updates wins, and the commands read
+// Two servers on one file (one through a symlink) and the commands work side by side, reading
 // PAYBUTTONS_DB alone. serve never makes a key, and logs how to when the file has no live one.
 func TestBesideTwoServers(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	db, sym, dest := dir+"/pay.db", dir+"/sym.db", dir+"/copy.db"
-	noKey := "level=WARN msg=\"no live API key: make one with `paybuttons keys create -account " +
-		"NAME`\""
+	hint := "WARN msg=\"no live API key: make one with `paybuttons keys create -account NAME`\""
 	first := startChild(t, db)
-	expect(t, strings.Contains(first.output(), noKey), "a new file: got log\n%s", first.output())
+	expect(t, strings.Contains(first.output(), hint), "a new file: got log\n%s", first.output())
 	env := map[string]string{"PAYBUTTONS_DB": db, "PAYBUTTONS_ACCOUNT": "env",
 		"PAYBUTTONS_READ_ONLY": "1"}
 	var secrets, ids [2]string // of acme: read-write, read-only
@@ -53,9 +51,6 @@ func TestBesideTwoServers(t *testing.T) {
 	expect(t, !strings.Contains(second.output(), "WARN"), "live keys: got\n%s", second.output())
 	e1, e2 := &testEnv{t: t, url: first.url}, &testEnv{t: t, url: second.url}
 	id := e1.create(secrets[0], createBody(nil))
-	t.Run("the second server reads the first's write", func(t *testing.T) {
-		e2.do("GET", "/product-payment/get/"+id, secrets[1], "").want(t, 200, "")
-	})
 	t.Run("OPTIONS *", func(t *testing.T) {
 		options, _ := http.NewRequest("OPTIONS", first.url, nil)
 		options.URL.Opaque = "*" // which net/http answers itself unless serve says not to
@@ -81,24 +76,25 @@ func TestBesideTwoServers(t *testing.T) {
 			})
 		}
 		wg.Wait()
-		r := e1.do("GET", "/product-payment/get/"+id, secrets[0], "")
-		expect(t, wins.Load() == 1 && r.header.Get("ETag") == `"2"`, "got %d wins, then %v; want "+
-			"one, version 2", wins.Load(), r.header)
+		etag := e1.do("GET", "/product-payment/get/"+id, secrets[0], "").header.Get("ETag")
+		expect(t, wins.Load() == 1 && etag == `"2"`, "got %d wins, ETag %s; want 1, \"2\"",
+			wins.Load(), etag)
 	})
 	t.Run("backup copies the file and never writes over one", func(t *testing.T) {
 		out, _, _ := runCLI(t, env, 0, "backup", dest)
 		copied, _ := os.ReadFile(dest)
 		runCLI(t, env, 1, "backup", dest)
 		now, _ := os.ReadFile(dest)
-		held := bytes.Contains(copied, []byte(`{"id":"`+id+`"`)) &&
-			bytes.Contains(copied, []byte(`"version":2`))
+		held := regexp.MustCompile(`\{"id":"` + id + `".*"version":2,`).Match(copied)
 		expect(t, strings.HasPrefix(out, "backup ") && held && bytes.Equal(now, copied),
-			"backup: got %q; a copy of %s at version 2: %v; kept by a second backup: %v", out, id,
-			held, bytes.Equal(now, copied))
+			"got %q; %s at version 2 copied: %v; kept: %v", out, id, held, bytes.Equal(now, copied))
 		out, _, _ = runCLI(t, env, 0, "check", "-db", dest)
 		expect(t, out == "ok\n", "check of the copy: got %q, want ok", out)
-		_, _, err := runCLI(t, env, 2, "backup", "-db", sym, db+"-journal")
-		expect(t, strings.Contains(fmt.Sprint(err), "beside it"), "through the symlink: %v", err)
+		os.Symlink(dir, dir+"/here") // the database's directory by a second name
+		for _, dest := range []string{db + "-journal", dir + "/here/pay.db-journal"} {
+			_, _, err := runCLI(t, env, 2, "backup", "-db", sym, dest)
+			expect(t, strings.Contains(fmt.Sprint(err), "beside it"), "%s: got %v", dest, err)
+		}
 	})
 	t.Run("backup syncs the copy, renames it, then syncs the directory", func(t *testing.T) {
 		strace, err := exec.LookPath("strace")
@@ -110,21 +106,18 @@ func TestBesideTwoServers(t *testing.T) {
 			"-e", "trace=openat,fsync,rename,renameat,renameat2"}, cmd.Args...)
 		out, err := cmd.CombinedOutput()
 		trace, _ := os.ReadFile(dir + "/trace")
-		// The copy is the file backup makes (O_EXCL), which SQLite then writes through a file of
-		// its own, and syncs too.
+		// The copy as backup opens it (O_EXCL); SQLite writes and syncs it through its own file.
 		made := regexp.MustCompile(`synced\.db\.\d+\.partial", \S*O_EXCL.* = (\d+)<`).
 			FindSubmatch(trace)
 		require(t, err == nil && made != nil, "backup under strace: %v\n%s\n%s", err, out, trace)
 		order := regexp.MustCompile(`(?s)fsync\(` + string(made[1]) + `<[^>]*\.partial>\) = 0.*` +
 			`rename[^\n]*/synced\.db"\) = 0.*fsync\(\d+<` + regexp.QuoteMeta(dir) + `>\) = 0`)
-		expect(t, order.Match(trace), "got\n%s\nwant the copy synced, renamed, then %s synced",
-			trace, dir)
+		expect(t, order.Match(trace), "got\n%s\nwant fsync, rename, then fsync of %s", trace, dir)
 	})
 	t.Run("a failed backup leaves nothing", func(t *testing.T) {
 		damaged := dir + "/damaged.db"
 		runCLI(t, nil, 0, "keys", "create", "-account", "a", "-db", damaged)
-		err := execSQL(damaged, `CREATE TABLE t (x TEXT);
-			INSERT INTO t SELECT hex(randomblob(99999))`)
+		err := execSQL(damaged, `CREATE TABLE t AS SELECT hex(randomblob(99999)) AS x`)
 		file, _ := os.OpenFile(damaged, os.O_WRONLY, 0)
 		file.WriteAt(bytes.Repeat([]byte{0xff}, 4096), 20<<12) // a page in the middle of x
 		file.Close()
@@ -156,19 +149,17 @@ func TestBesideTwoServers(t *testing.T) {
 	t.Run("with every key revoked, serve says how to make one", func(t *testing.T) {
 		runCLI(t, env, 0, "keys", "revoke", ids[1])
 		third := startChild(t, db).output()
-		expect(t, strings.Contains(third, noKey) && !strings.Contains(first.output()+third, "pbk_"),
+		expect(t, strings.Contains(third, hint) && !strings.Contains(first.output()+third, "pbk_"),
 			"got log\n%s", third)
 	})
 }
 
-// A new file that another process is making at the same moment: serve's switch to WAL waits for
-// the other's write lock, then finds the schema the other made, and makes none of its own. The
-// file holds only Litestream's tables at first (still new), and its name has '#' and '%41'.
+// A new file another process is making: the switch to WAL waits for its write lock, then finds its
+// schema and makes none. The file holds only Litestream's tables at first; its name has # and %41.
 func TestNewFileBesideAnotherProcess(t *testing.T) {
 	t.Parallel()
 	db := t.TempDir() + "/new#%41.db"
-	err := execSQL(db, `CREATE TABLE _litestream_seq (id INTEGER);
-		CREATE TABLE _litestream_lock (id INTEGER)`)
+	err := execSQL(db, `CREATE TABLE _litestream_seq (id); CREATE TABLE _litestream_lock (id)`)
 	require(t, err == nil, "make Litestream's tables: %v", err)
 	other, _ := sql.Open("sqlite", sqliteURI(db, "_txlock=immediate&_pragma=busy_timeout(9000)"))
 	defer other.Close()
@@ -179,7 +170,8 @@ func TestNewFileBesideAnotherProcess(t *testing.T) {
 	}
 	require(t, err == nil, "make the schema as another process: %v", err)
 	time.AfterFunc(time.Second, func() { tx.Commit() })
-	runCLI(t, nil, 0, "keys", "create", "-account", "a", "-db", db)
+	// An account name of 64 characters, the longest:
+	runCLI(t, nil, 0, "keys", "create", "-account", strings.Repeat("a", 64), "-db", db)
 	plain, _ := sql.Open("sqlite", db) // the file by its name, not read as a URI
 	defer plain.Close()
 	n := 0
@@ -191,11 +183,10 @@ func TestNewFileBesideAnotherProcess(t *testing.T) {
 func TestCommandLineRefusals(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	never, foreign, garbage := dir+"/never.db", dir+"/foreign.db", dir+"/not.db"
+	never, foreign, garbage, none := dir+"/never.db", dir+"/foreign.db", dir+"/not.db", dir+"/none"
 	empty, versioned, future := dir+"/empty.db", dir+"/versioned.db", dir+"/v2.db"
 	// Its table's name is Litestream's prefix but for its first character.
-	err := execSQL(foreign, `CREATE TABLE xlitestream (body TEXT);
-		INSERT INTO xlitestream VALUES ('mine')`)
+	err := execSQL(foreign, `CREATE TABLE xlitestream AS SELECT 'mine' AS body`)
 	err2 := execSQL(versioned, `PRAGMA user_version = 7`) // no table, but a version of its own
 	err3 := cmp.Or(os.WriteFile(garbage, bytes.Repeat([]byte("not sqlite "), 1000), 0o600),
 		os.WriteFile(empty, nil, 0o600))
@@ -216,9 +207,9 @@ func TestCommandLineRefusals(t *testing.T) {
 	}{
 		{2, "", "frobnicate", "frobnicate"},
 		{2, "", "keys create, keys list or keys revoke", "keys"},
-		// Like -rate, -burst, -tls-cert and -tls-key, which earlier editions had.
-		{2, "", "-provider-name", serve + never + " -provider-name Acme"},
+		{2, "", "-provider-name", serve + never + " -provider-name Acme"}, // a removed flag
 		{2, "", "-addr", serve + never + " -addr :99999"},
+		{2, "", "must be host:port", "-db " + never + " -addr :99999"}, // serve, by default
 		{2, "PAYBUTTONS_LOG_FORMAT=xml", "-log-format", serve + never},
 		{2, "", "-account", "keys create -db " + never},
 		{2, "", "-account", "keys create -account a/b -db " + never},
@@ -240,12 +231,12 @@ func TestCommandLineRefusals(t *testing.T) {
 		{1, "", "schema version 2", "keys list -db " + future},
 		{1, "", "schema version 2", "check -db " + future},
 		{1, "", "schema version 2", "backup -db " + future + " " + dir + "/copy.db"},
-		{1, "", "does not exist", serve + dir + "/none/x.db"},
+		{1, "", "does not exist", serve + none + "/x.db"},
 		{1, "", "no database at", "keys list -db " + never},
 		{1, "", "no database at", "keys revoke -db " + never + " key_X"},
 		{1, "", "no database at", "check -db " + never},
-		{1, "", `directory "` + dir + `/none" does not exist`, "backup -db " + never + " " + dir +
-			"/none/c.db"},
+		{1, "", `directory "` + none + `" does not exist`,
+			"backup -db " + never + " " + none + "/c.db"},
 	} {
 		t.Run(c.cmd, func(t *testing.T) {
 			name, value, _ := strings.Cut(c.env, "=")
