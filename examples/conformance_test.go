@@ -1,5 +1,8 @@
-// Package examples holds the service to openapi.json, route by route (TestConformance), and the
-// README to what its walkthrough prints (TestREADME...).
+// Package examples tests the built binary as a user runs it: TestConformance holds its answers to
+// openapi.json route by route, the TestREADME tests hold the README's walkthrough to what it
+// prints, TestReadOnlyFile runs its commands as another user, and TestMemoryUnderListLoad (a long
+// test) holds its memory under load. It is a module of its own so that the JSON Schema validator
+// stays out of the service's go.mod.
 package examples
 
 import (

@@ -66,14 +66,9 @@ var masks = []struct {
 }{
 	{regexp.MustCompile(`btn_[0-9A-Z]{26}`), "btn_ID"},
 	{regexp.MustCompile(`key_[0-9A-Za-z]{16}`), "key_ID"},
-	{regexp.MustCompile(`pbk_[0-9A-Za-z_-]{43}`), "pbk_SECRET"},
 	{regexp.MustCompile(`req_[0-9a-z]+`), "req_ID"},
 	{regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z`), "TIME"},
-	{regexp.MustCompile(`\d{4}-\d\d-\d\d \d\d:\d\d:\d\d`), "TIME"},
-	{regexp.MustCompile(`(?m)^Date: .*$`), "Date: DATE"},
 	{regexp.MustCompile(`duration=\S+`), "duration=D"},
-	{regexp.MustCompile(`go1\.\d+(\.\d+)?`), "goVERSION"},
-	{regexp.MustCompile(`localhost:\d+`), "localhost:8080"},
 	{regexp.MustCompile(`(127\.0\.0\.1|\[::1\]):\d+`), "127.0.0.1:8080"}, // the address serve logs
 }
 
@@ -125,12 +120,11 @@ func TestREADMECommandsRunVerbatim(t *testing.T) {
 	git(t, clone, "init", "-q")
 	git(t, clone, "add", "-A")
 
-	// One shell runs every command, so that variables and the background servers carry over, and
-	// writes each command's output into a file of its own. The README's ports 8080 and 8081 become
-	// free ones.
+	// One shell runs every command, so that variables and the background server carry over, and
+	// writes each command's output into a file of its own. The README's port 8080 becomes a free
+	// one.
 	port, outputs := freePort(t), t.TempDir()
-	ports := strings.NewReplacer("localhost:8080", "localhost:"+port, "localhost:8081",
-		"localhost:"+freePort(t))
+	ports := strings.NewReplacer("localhost:8080", "localhost:"+port)
 	var script strings.Builder
 	for i, c := range cmds {
 		fmt.Fprintf(&script, "{\n%s\n} >%s/%d 2>&1\n", ports.Replace(c.text), outputs, i)
