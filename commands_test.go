@@ -30,8 +30,8 @@ func TestBesideTwoServers(t *testing.T) {
 	hint := "WARN msg=\"no live API key: make one with `paybuttons keys create -account NAME`\""
 	first := startChild(t, db)
 	expect(t, strings.Contains(first.output(), hint), "a new file: got log\n%s", first.output())
-	env := map[string]string{"PAYBUTTONS_DB": db, "PAYBUTTONS_ACCOUNT": "env",
-		"PAYBUTTONS_READ_ONLY": "1"}
+	env := map[string]string{"PAYBUTTONS_DB": db, "PAYBUTTONS_ACCOUNT": "env", // never read:
+		"PAYBUTTONS_READ_ONLY": "1"} // only serve's flags and -db come from the environment
 	var secrets, ids [2]string // of acme: read-write, read-only
 	t.Run("keys create prints the key alone on stdout", func(t *testing.T) {
 		created := regexp.MustCompile(`^paybuttons: created (key_\w+) for account "acme"\n$`)

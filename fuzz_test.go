@@ -138,8 +138,8 @@ func (o *oracle) verdict(t *testing.T, r response, n int) bool {
 	return r.status == 200
 }
 
-// object reads body: one JSON object in UTF-8, each name one of bodyNames and given once (compared
-// decoded); of a name given twice, the first value counts.
+// object reads body: one JSON object in UTF-8, each name one of bodyNames and given once
+// (compared decoded).
 func (o *oracle) object(body []byte) map[string]any {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
