@@ -340,7 +340,8 @@ func TestFaults(t *testing.T) {
 			e.do("GET", "/product-payment/list", e.key, "").want(t, 200, "")
 		}
 	})
-	awaitTrue(func() bool { return e.store.writer.Stats().WaitCount >= 3 })
+	waited := awaitTrue(func() bool { return e.store.writer.Stats().WaitCount >= 3 })
+	require(t, waited, "the writes behind the lock did not queue within 20 s")
 	hangUp()
 	wg.Wait()
 	lock.Rollback()
