@@ -71,11 +71,7 @@ var errNoPath = &apiError{code: codeNotFound, message: "no such path"}
 // --- handlers, one per operation ---
 
 func (s *server) handleCreate(r *http.Request, key apiKey) (reply, error) {
-	body, err := readBody(r)
-	if err != nil {
-		return reply{}, err
-	}
-	b, err := decodeCreate(body)
+	b, err := decodeCreate(r)
 	if err != nil {
 		return reply{}, err
 	}
@@ -99,11 +95,7 @@ func (s *server) handleList(r *http.Request, key apiKey) (reply, error) {
 }
 
 func (s *server) handleUpdate(r *http.Request, key apiKey) (reply, error) {
-	body, err := readBody(r)
-	if err != nil {
-		return reply{}, err
-	}
-	update, err := decodeUpdate(body)
+	update, err := decodeUpdate(r)
 	if err != nil {
 		return reply{}, err
 	}
@@ -220,12 +212,6 @@ type envelope struct {
 // internalError is all a client sees of a bug.
 var internalError = []byte(
 	`{"isSuccess":false,"data":"","message":"internal error","code":"internal"}`)
-
-var statusOf = map[string]int{
-	codeInvalid: 400, codeUnauthorized: 401, codeForbidden: 403, codeNotFound: 404,
-	codeMethodNotAllowed: 405, codeWrongState: 409, codePrecondition: 412, codeTooLarge: 413,
-	codeMediaType: 415, codeInternal: 500, codeUnavailable: 503,
-}
 
 // send writes every answer: rep in the envelope, or err's code and message. An error that is not
 // an *apiError is a fault: a 500 whose cause is logged, never sent. A client that hung up is not a

@@ -292,24 +292,21 @@ func backup(fs *flag.FlagSet, db *string, args []string, stdout io.Writer) error
 	}
 	defer os.Remove(tmp.Name()) // once renamed, there is no such file
 	defer tmp.Close()
-	_, err = file.Exec("VACUUM INTO ?", tmp.Name()) // into an empty file, as SQLite allows
-	if err == nil {
-		err = tmp.Sync()
+	if _, err := file.Exec("VACUUM INTO ?", tmp.Name()); err != nil { // an empty file will do
+		return err
+	} else if err := errors.Join(tmp.Sync(), tmp.Close()); err != nil {
+		return err
+	} else if err := os.Rename(tmp.Name(), dest); err != nil {
+		return err
 	}
-	if err == nil {
-		err = tmp.Close()
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), dest)
-	}
-	if err == nil && runtime.GOOS != "windows" { // Windows cannot sync a directory
-		var d *os.File // a rename is on disk once its directory is synced
-		if d, err = os.Open(dir); err == nil {
+	if runtime.GOOS != "windows" { // a rename is on disk once its directory is synced
+		d, err := os.Open(dir)
+		if err == nil {
 			err = errors.Join(d.Sync(), d.Close())
 		}
-	}
-	if err != nil {
-		return err
+		if err != nil {
+			return err
+		}
 	}
 	fmt.Fprintf(stdout, "backup of %s written to %s\n", *db, dest)
 	return nil

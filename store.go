@@ -23,8 +23,7 @@ import (
 
 // --- the model every file shares ---
 
-// The error codes a client branches on. statusOf, next to send in handlers.go, gives the HTTP
-// status each is sent with.
+// The error codes a client branches on, and the HTTP status each is sent with.
 const (
 	codeInvalid          = "invalid_request"
 	codeUnauthorized     = "unauthorized"
@@ -38,6 +37,12 @@ const (
 	codeInternal         = "internal"
 	codeUnavailable      = "unavailable"
 )
+
+var statusOf = map[string]int{
+	codeInvalid: 400, codeUnauthorized: 401, codeForbidden: 403, codeNotFound: 404,
+	codeMethodNotAllowed: 405, codeWrongState: 409, codePrecondition: 412, codeTooLarge: 413,
+	codeMediaType: 415, codeInternal: 500, codeUnavailable: 503,
+}
 
 // apiError is a failure the client is told about: a code, a message for people and, for
 // invalid_request, every failing field with the reason. cause is logged but never sent. Any other
@@ -398,19 +403,23 @@ const maxPage = 256 << 10 // bytes of buttons in a list page
 // paging by "id < after" never skips or repeats a button.
 func (q listQuery) sql(account string) (string, []any) {
 	query, args := `SELECT id, button FROM buttons WHERE account = ?`, []any{account}
+	where := func(condition string, arg any) {
+		query += " AND " + condition
+		args = append(args, arg)
+	}
 	if q.After != "" {
-		query, args = query+` AND id < ?`, append(args, q.After)
+		where("id < ?", q.After)
 	}
 	if q.State != "all" {
-		query, args = query+` AND state = ?`, append(args, q.State)
+		where("state = ?", q.State)
 	}
 	if q.IsLive != nil {
-		query, args = query+` AND is_live = ?`, append(args, *q.IsLive)
+		where("is_live = ?", *q.IsLive)
 	}
 	if q.PaymentMethod != "" {
-		query, args = query+` AND payment_method = ?`, append(args, q.PaymentMethod)
+		where("payment_method = ?", q.PaymentMethod)
 	}
-	return query + ` ORDER BY id DESC LIMIT ?`, append(args, q.Limit+1)
+	return query + " ORDER BY id DESC LIMIT ?", append(args, q.Limit+1)
 }
 
 // create stores b as a new active button of account, and returns it as stored.

@@ -139,10 +139,15 @@ func readBody(r *http.Request) ([]byte, error) {
 	return body, nil
 }
 
-// readObject reads body in two passes. The first checks that body is one JSON object with nothing
-// after it. The second walks the object's names one by one, as they were written, which decoding
-// into a struct or a map would not: it folds case, and keeps only the last of a repeated name.
-func readObject(body []byte, known []string) (*fields, error) {
+// readObject reads the request's body (readBody) in two passes. The first checks that it is one
+// JSON object with nothing after it. The second walks the object's names one by one, as they
+// were written, which decoding into a struct or a map would not: it folds case, and keeps only
+// the last of a repeated name.
+func readObject(r *http.Request, known []string) (*fields, error) {
+	body, err := readBody(r)
+	if err != nil {
+		return nil, err
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	var object json.RawMessage
 	if !utf8.Valid(body) { // encoding/json would quietly read bad bytes as U+FFFD
@@ -224,8 +229,8 @@ func (f *fields) oneOf(name string, allowed ...string) string {
 
 // decodeCreate reads a create body into a new button, or refuses it with an invalid_request error
 // that names every field that breaks a rule.
-func decodeCreate(body []byte) (button, error) {
-	f, err := readObject(body, createFields)
+func decodeCreate(r *http.Request) (button, error) {
+	f, err := readObject(r, createFields)
 	if err != nil {
 		return button{}, err
 	}
@@ -261,8 +266,8 @@ func decodeCreate(body []byte) (button, error) {
 
 // decodeUpdate reads an update body and refuses it if its form is wrong. apply then checks its
 // values against the button they change.
-func decodeUpdate(body []byte) (*fields, error) {
-	f, err := readObject(body, createFields)
+func decodeUpdate(r *http.Request) (*fields, error) {
+	f, err := readObject(r, createFields)
 	if err != nil {
 		return nil, err
 	}
@@ -279,10 +284,9 @@ func decodeUpdate(body []byte) (*fields, error) {
 }
 
 // apply sets in b the fields that create and update share, or refuses the body with every problem
-// found in it. The amount must fit the currency the button will have, and a new currency needs a
-// new amount. The fee is allowed on a StripeConnect button only. Metadata is merged key by key.
-// When apply fails, b is left as it was. A refused currency or paymentMethod is "". The amount or
-// fee that depends on it is then checked only for its own form, so each mistake is named once.
+// found in it; then b is left as it was. The amount must fit the currency the button will have,
+// and a new currency needs a new amount. The fee is allowed on a StripeConnect button only.
+// Metadata is merged key by key.
 func (f *fields) apply(b *button) error {
 	next := *b
 	if f.has("productName") {
@@ -292,14 +296,14 @@ func (f *fields) apply(b *button) error {
 		next.Description = orNil(f.description())
 	}
 	if f.has("currency") {
-		next.Currency = f.currency()
+		next.Currency = f.currency() // "" if refused: the amount is then checked for its form only
 	}
 	if f.has("amount") {
 		next.Amount = f.amount(next.Currency)
 	} else if next.Currency != b.Currency && next.Currency != "" {
 		f.fail("amount", "is required when currency changes")
 	}
-	if f.has(feeField) {
+	if f.has(feeField) { // a paymentMethod refused at create is "": the fee keeps its own checks
 		next.Fee = orNil(f.fee(next.PaymentMethod))
 	}
 	next.Metadata = f.metadata(b.Metadata)
