@@ -90,8 +90,11 @@ func TestBesideTwoServers(t *testing.T) {
 			"got %q; %s at version 2 copied: %v; kept: %v", out, id, held, bytes.Equal(now, copied))
 		out, _, _ = runCLI(t, env, 0, "check", "-db", dest)
 		expect(t, out == "ok\n", "check of the copy: got %q, want ok", out)
-		os.Symlink(dir, dir+"/here") // the database's directory by a second name
-		for _, dest := range []string{db + "-journal", dir + "/here/pay.db-journal"} {
+		dests := []string{db + "-journal"}
+		if os.Symlink(dir, dir+"/here") == nil { // the database's directory by a second name
+			dests = append(dests, dir+"/here/pay.db-journal")
+		}
+		for _, dest := range dests {
 			_, _, err := runCLI(t, env, 2, "backup", "-db", sym, dest)
 			expect(t, strings.Contains(fmt.Sprint(err), "beside it"), "%s: got %v", dest, err)
 		}
