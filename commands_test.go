@@ -106,9 +106,25 @@ func TestBesideTwoServers(t *testing.T) {
 		}
 		cmd := childCommand(t, "backup", "-db", db, dir+"/synced.db")
 		cmd.Path, cmd.Args = strace, append([]string{strace, "-f", "-y", "-o", dir + "/trace",
-			"-e", "trace=openat,fsync,rename,renameat,renameat2"}, cmd.Args...)
+			"-e", "trace=openat,fsync,rename,renameat,renameat2", "-e", "signal=none"}, cmd.Args...)
 		out, err := cmd.CombinedOutput()
-		trace, _ := os.ReadFile(dir + "/trace")
+		text, _ := os.ReadFile(dir + "/trace")
+		// A call that another thread's line interrupts is printed in two: "PID fsync(8</d>
+		// <unfinished ...>", and later "PID <... fsync resumed>) = 0". It is joined where it returned.
+		var lines []string
+		started := map[string]string{}
+		for _, line := range strings.Split(string(text), "\n") {
+			pid, rest, _ := strings.Cut(line, " ")
+			_, returned, resumed := strings.Cut(rest, " resumed>")
+			if call, ok := strings.CutSuffix(rest, " <unfinished ...>"); ok {
+				started[pid] = call
+			} else if resumed && strings.HasPrefix(rest, "<... ") {
+				lines = append(lines, pid+" "+started[pid]+returned)
+			} else {
+				lines = append(lines, line)
+			}
+		}
+		trace := []byte(strings.Join(lines, "\n"))
 		// The copy as backup opens it (O_EXCL); SQLite writes and syncs it through its own file.
 		made := regexp.MustCompile(`synced\.db\.\d+\.partial", \S*O_EXCL.* = (\d+)<`).
 			FindSubmatch(trace)

@@ -112,8 +112,8 @@ func FuzzUpdate(f *testing.F) {
 	})
 }
 
-// oracle collects every reason the README's rules give to refuse a body, by the field it names; a body
-// with none must be accepted. It skips an input that names a currency its table does not hold.
+// oracle collects every reason the README's rules give to refuse a body, by the field it names;
+// a body with none must be accepted. It skips an input that names a currency its table does not hold.
 type oracle struct {
 	t   *testing.T
 	why map[string]string

@@ -1,8 +1,8 @@
 // Package examples tests the built binary as a user runs it: TestConformance holds its answers to
 // openapi.json route by route, the TestREADME tests hold the README's walkthrough to what it
-// prints, TestReadOnlyFile runs its commands as another user, and TestMemoryUnderListLoad (a long
-// test) holds its memory under load. It is a module of its own so that the JSON Schema validator
-// stays out of the service's go.mod.
+// prints, TestReadOnlyFile runs its commands on a file they cannot write (as nobody, when run as
+// root), and TestMemoryUnderListLoad (a long test) holds its memory under load. It is a module of
+// its own so that the JSON Schema validator stays out of the service's go.mod.
 package examples
 
 import (
