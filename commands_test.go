@@ -109,22 +109,17 @@ func TestBesideTwoServers(t *testing.T) {
 			"-e", "trace=openat,fsync,rename,renameat,renameat2", "-e", "signal=none"}, cmd.Args...)
 		out, err := cmd.CombinedOutput()
 		text, _ := os.ReadFile(dir + "/trace")
-		// A call that another thread's line interrupts is printed in two: "PID fsync(8</d>
-		// <unfinished ...>", and later "PID <... fsync resumed>) = 0". It is joined where it returned.
-		var lines []string
-		started := map[string]string{}
-		for _, line := range strings.Split(string(text), "\n") {
+		// strace splits a call another thread interrupts: "<unfinished ...>", "<... resumed>".
+		started, trace := map[string]string{}, []byte{}
+		for _, line := range strings.SplitAfter(string(text), "\n") {
 			pid, rest, _ := strings.Cut(line, " ")
-			_, returned, resumed := strings.Cut(rest, " resumed>")
-			if call, ok := strings.CutSuffix(rest, " <unfinished ...>"); ok {
-				started[pid] = call
-			} else if resumed && strings.HasPrefix(rest, "<... ") {
-				lines = append(lines, pid+" "+started[pid]+returned)
-			} else {
-				lines = append(lines, line)
+			if call, ok := strings.CutSuffix(rest, " <unfinished ...>\n"); ok {
+				started[pid], line = call, ""
+			} else if _, returned, ok := strings.Cut(rest, " resumed>"); ok {
+				line = pid + " " + started[pid] + returned
 			}
+			trace = append(trace, line...)
 		}
-		trace := []byte(strings.Join(lines, "\n"))
 		// The copy as backup opens it (O_EXCL); SQLite writes and syncs it through its own file.
 		made := regexp.MustCompile(`synced\.db\.\d+\.partial", \S*O_EXCL.* = (\d+)<`).
 			FindSubmatch(trace)
@@ -254,8 +249,7 @@ func TestCommandLineRefusals(t *testing.T) {
 		{1, "", "no database at", "keys list -db " + never},
 		{1, "", "no database at", "keys revoke -db " + never + " key_X"},
 		{1, "", "no database at", "check -db " + never},
-		{1, "", `directory "` + none + `" does not exist`,
-			"backup -db " + never + " " + none + "/c.db"},
+		{1, "", none + `" does not exist`, "backup -db " + never + " " + none + "/c.db"},
 	} {
 		t.Run(c.cmd, func(t *testing.T) {
 			name, value, _ := strings.Cut(c.env, "=")

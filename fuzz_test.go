@@ -113,7 +113,7 @@ func FuzzUpdate(f *testing.F) {
 }
 
 // oracle collects every reason the README's rules give to refuse a body, by the field it names;
-// a body with none must be accepted. It skips an input that names a currency its table does not hold.
+// a body with none must be accepted. It skips a currency its table does not hold.
 type oracle struct {
 	t   *testing.T
 	why map[string]string

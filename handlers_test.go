@@ -289,8 +289,7 @@ func (e *testEnv) page(t *testing.T, query string) (ids []string, next string) {
 
 // Ids begin with the millisecond they were made in, then 80 random bits: none is the last plus 1.
 func TestIDs(t *testing.T) {
-	var lastLow uint64
-	first, random := uint64(time.Now().UnixMilli()), map[uint16]bool{}
+	first, random, lastLow := uint64(time.Now().UnixMilli()), map[uint16]bool{}, uint64(0)
 	for range 5000 {
 		id := newButtonID()
 		raw, _ := crockford.DecodeString(strings.TrimPrefix(id, "btn_"))
@@ -318,8 +317,7 @@ func TestFaults(t *testing.T) {
 	defer lock.Rollback()
 	start, create, body := time.Now(), "/product-payment/create", createBody(nil)
 	var wg sync.WaitGroup
-	var answers [3]response
-	var took [3]time.Duration
+	answers, took := [3]response{}, [3]time.Duration{}
 	for i := range answers { // one waits for the lock, two behind it for the writer connection
 		wg.Go(func() {
 			answers[i], _ = callAPI(http.DefaultClient, "POST", e.url+create, e.key, body)
@@ -413,8 +411,6 @@ func TestFaults(t *testing.T) {
 
 // The speed of get and create over HTTP on loopback, 64 clients at once, against a ceiling that
 // reads the body as JSON and sends the real answer with no database; "ratio" is their rates' ratio.
-//
-//	go test -run '^$' -bench .
 func BenchmarkGet(b *testing.B) {
 	e := newTestServer(b)
 	id := e.create(e.key, createBody(m{"metadata": m{"orderRef": "A-17"}}))

@@ -83,8 +83,8 @@ func mask(lines []string) string {
 // TestREADMECommandsRunVerbatim runs the README's walkthrough as a new user would: every command of
 // every console block, in order, in one shell, in a fresh copy of the repository, against the
 // servers the README starts. Each command's output must be the one the README shows, once ids,
-// times, durations and the port are masked (no output shows a secret). With -update, this run's outputs are written into the
-// README instead.
+// times, durations and the port are masked (no output shows a secret). With -update, this run's
+// outputs are written into the README instead.
 func TestREADMECommandsRunVerbatim(t *testing.T) {
 	if _, err := exec.LookPath("curl"); err != nil {
 		t.Skip("curl is not installed")
