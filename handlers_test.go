@@ -42,7 +42,8 @@ func TestReads(t *testing.T) {
 	r := e.do("GET", get, e.key, "")
 	expect(t, string(r.env.Data) == want && r.header.Get("ETag") == `"1"`,
 		"get: got %s, ETag %s\nwant %s", r.raw, r.header.Get("ETag"), want)
-	list := e.do("GET", "/product-payment/list", e.key, "")
+	readOnly, _, _ := e.store.createKey(context.Background(), "acme", true)
+	list := e.do("GET", "/product-payment/list", readOnly, "") // any key lists
 	wantPage := `"data":{"hasMore":false,"items":[` + want + `],"next":null}`
 	expect(t, bytes.Contains(list.raw, []byte(wantPage)) && list.header.Get("ETag") == "",
 		"list: got %s %v\nwant %s, no ETag", list.raw, list.header, wantPage)
@@ -352,9 +353,7 @@ func TestFaults(t *testing.T) {
 			"got log\n%s\nwant three ERRORs for the 503s, and the hang-up as status=499", log)
 	})
 	t.Run("the lock gone, a write goes through", func(t *testing.T) {
-		start := time.Now()
 		e.create(e.key, createBody(nil))
-		expect(t, time.Since(start) < time.Second, "it took %v", time.Since(start))
 	})
 	t.Run("WAL, synchronous=FULL", func(t *testing.T) {
 		mode, synchronous := "", 0
